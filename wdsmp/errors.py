@@ -1,0 +1,83 @@
+"""Exception types of wdsmp.
+
+Every error subclasses a builtin as well as :class:`WdsmpError`, so code that
+catches ``OSError`` or ``ValueError`` (as code written for webdataset does)
+keeps working, and code that wants to can catch everything wdsmp raises.
+
+Errors about data carry where it happened: the shard URL, the tar member and
+the byte offset in the (decompressed) tar stream, both as attributes and in the
+message, so a log line is enough to find the bad bytes.
+"""
+
+__all__ = [
+    "WdsmpError",
+    "ShardError",
+    "TarFormatError",
+    "SampleError",
+    "DecodeError",
+    "WorkerError",
+    "PipeError",
+]
+
+
+def _where(url, member=None, offset=None):
+    """Text naming the place of an error: shard, member and byte offset."""
+    parts = [f"shard {url!r}" if url is not None else "shard <stream>"]
+    if member is not None:
+        parts.append(f"member {member!r}")
+    if offset is not None:
+        parts.append(f"offset {offset}")
+    return ", ".join(parts)
+
+
+class WdsmpError(Exception):
+    """Base class of every exception wdsmp raises on purpose."""
+
+
+class _Located:
+    """Mixin: an error with a shard URL, a member name and a byte offset."""
+
+    def __init__(self, problem, url=None, member=None, offset=None):
+        self.problem = problem
+        self.url = url
+        self.member = member
+        self.offset = offset
+        super().__init__(f"{problem} ({_where(url, member, offset)})")
+
+    def __reduce__(self):
+        # Keep the attributes when the error crosses a process boundary.
+        return (type(self), (self.problem, self.url, self.member, self.offset))
+
+
+class ShardError(_Located, WdsmpError, OSError):
+    """A shard could not be opened or read (missing file, failing command)."""
+
+
+class TarFormatError(_Located, WdsmpError, ValueError):
+    """A shard is not a well-formed tar archive (truncated, bad checksum, ...)."""
+
+
+class SampleError(_Located, WdsmpError, ValueError):
+    """Tar members do not group into samples (duplicate or interleaved members)."""
+
+
+class DecodeError(_Located, WdsmpError, ValueError):
+    """A field of a sample could not be decoded."""
+
+
+class WorkerError(WdsmpError, RuntimeError):
+    """A loader worker process failed; the message carries its traceback."""
+
+
+class PipeError(WdsmpError, OSError):
+    """A ``pipe:`` command exited with a non-zero status."""
+
+    def __init__(self, command, status, stderr=""):
+        self.command = command
+        self.status = status
+        self.stderr = stderr
+        detail = f": {stderr.strip()[-500:]}" if stderr and stderr.strip() else ""
+        super().__init__(f"command {command!r} exited with status {status}{detail}")
+
+    def __reduce__(self):
+        return (type(self), (self.command, self.status, self.stderr))

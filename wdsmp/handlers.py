@@ -1,0 +1,44 @@
+"""Error-handling policies for pipeline stages (webdataset's ``handler=``).
+
+A handler receives the exception raised while processing one item. It either
+raises (stop everything), returns True (skip the item and continue) or returns
+False (end the stream quietly). Unlike webdataset, the warning handlers never
+sleep: a loader must not stall because data is bad.
+"""
+
+import warnings
+
+__all__ = [
+    "reraise_exception",
+    "ignore_and_continue",
+    "warn_and_continue",
+    "ignore_and_stop",
+    "warn_and_stop",
+]
+
+
+def reraise_exception(exn):
+    """Re-raise the exception: the default, nothing bad passes silently."""
+    raise exn
+
+
+def ignore_and_continue(exn):
+    """Skip the failing item and go on."""
+    return True
+
+
+def warn_and_continue(exn):
+    """Warn about the failing item, skip it and go on."""
+    warnings.warn(repr(exn), stacklevel=2)
+    return True
+
+
+def ignore_and_stop(exn):
+    """End the stream at the failing item."""
+    return False
+
+
+def warn_and_stop(exn):
+    """Warn about the failing item and end the stream there."""
+    warnings.warn(repr(exn), stacklevel=2)
+    return False
