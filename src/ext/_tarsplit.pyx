@@ -1,0 +1,277 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
+"""Native tar splitter: the regular-file members of a tar stream as ``(name, data, offset)``.
+
+The pure-Python twin is ``wdsmp/_tarsplit_py.py``; both share the cold paths
+(errors, pax headers) in ``wdsmp/tarformat.py``. Reads go into one reused buffer
+through ``stream.readinto``; a member larger than half the buffer is read
+straight into its result ``bytes`` object, so every byte is copied once.
+"""
+
+from cpython.buffer cimport PyBUF_WRITE
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from cpython.memoryview cimport PyMemoryView_FromMemory
+from libc.stdlib cimport free, malloc
+from libc.string cimport memcpy, memmove
+
+from wdsmp import tarformat as _tf
+
+cdef enum:
+    BLOCK = 512
+
+cdef long long MAX_SIZE = 1 << 56  # beyond any real member; keeps the arithmetic in range
+
+
+cdef long long _number(const unsigned char* p, int n) noexcept nogil:
+    """A numeric header field: octal text or GNU base-256; -1 when invalid."""
+    cdef long long value = 0
+    cdef int i = 0, end = 0
+    if p[0] & 0x80:
+        if p[0] == 0xff:
+            return -1  # negative
+        value = p[0] & 0x7f
+        for i in range(1, n):
+            if value >= (MAX_SIZE >> 8):
+                return -1
+            value = (value << 8) | p[i]
+        return value
+    while end < n and p[end] != 0:
+        end += 1
+    while i < end and p[i] == 32:
+        i += 1
+    while end > i and p[end - 1] == 32:
+        end -= 1
+    for i in range(i, end):
+        if p[i] < 48 or p[i] > 55:
+            return -1
+        if value >= MAX_SIZE:
+            return -1
+        value = value * 8 + (p[i] - 48)
+    return value
+
+
+cdef bint _checksum_ok(const unsigned char* h) noexcept nogil:
+    """Header checksum, counting the checksum field as spaces (signed or unsigned sum)."""
+    cdef long long stored = _number(h + 148, 8)
+    cdef long long usum = 0, ssum = 0
+    cdef int i
+    for i in range(BLOCK):
+        if 148 <= i < 156:
+            usum += 32
+            ssum += 32
+        else:
+            usum += h[i]
+            ssum += <signed char>h[i]
+    return stored >= 0 and (stored == usum or stored == ssum)
+
+
+cdef bint _is_zero(const unsigned char* h) noexcept nogil:
+    cdef int i
+    for i in range(BLOCK):
+        if h[i]:
+            return False
+    return True
+
+
+cdef int _cstrlen(const unsigned char* p, int n) noexcept nogil:
+    cdef int i = 0
+    while i < n and p[i] != 0:
+        i += 1
+    return i
+
+
+cdef class TarSplitter:
+    """Iterate the regular-file members of an uncompressed tar stream.
+
+    Yields ``(name, data, offset)``: the member path (str), its contents
+    (bytes) and the byte offset where its headers start (as ``tarfile``'s
+    ``TarInfo.offset``: a GNU long-name or pax header counts as the start). Directories,
+    links and special files are skipped; GNU long names and pax ``path`` and
+    ``size`` records are applied. Damage raises ``TarFormatError`` naming
+    ``url`` and the offset: a stream that ends without the end-of-archive
+    marker is an error, not a short shard.
+    """
+
+    cdef object stream
+    cdef object _readinto
+    cdef object _read
+    cdef readonly object url
+    cdef unsigned char* buf
+    cdef Py_ssize_t bufsize, start, end
+    cdef readonly long long position  # stream offset of buf[start]
+    cdef bint done
+
+    def __cinit__(self):
+        self.buf = NULL
+
+    def __init__(self, stream, url=None, Py_ssize_t bufsize=1 << 20):
+        if bufsize < 4 * BLOCK or bufsize % BLOCK:
+            raise ValueError(f"bufsize must be a multiple of {BLOCK} and at least {4 * BLOCK}")
+        self.stream = stream
+        self._readinto = getattr(stream, "readinto", None)
+        self._read = stream.read
+        self.url = url
+        self.bufsize = bufsize
+        self.buf = <unsigned char*>malloc(bufsize)
+        if self.buf == NULL:
+            raise MemoryError()
+        self.start = self.end = 0
+        self.position = 0
+        self.done = False
+
+    def __dealloc__(self):
+        free(self.buf)
+
+    def __iter__(self):
+        return self
+
+    cdef Py_ssize_t _readinto_mem(self, unsigned char* dest, Py_ssize_t n) except -1:
+        """One read of at most n bytes into dest; 0 at end of stream."""
+        cdef object got
+        cdef Py_ssize_t k
+        if self._readinto is not None:
+            got = self._readinto(PyMemoryView_FromMemory(<char*>dest, n, PyBUF_WRITE))
+            return got or 0
+        got = self._read(n)
+        k = len(got)
+        if k > n:
+            raise ValueError("stream.read returned more bytes than asked for")
+        memcpy(dest, <const char*>got, k)
+        return k
+
+    cdef Py_ssize_t _fill(self, Py_ssize_t need) except -1:
+        """Make at least ``need`` (<= bufsize) bytes available; returns what is available."""
+        cdef Py_ssize_t avail = self.end - self.start, k
+        if avail >= need:
+            return avail
+        if self.bufsize - self.start < need:
+            memmove(self.buf, self.buf + self.start, avail)
+            self.start = 0
+            self.end = avail
+        while self.end - self.start < need:
+            k = self._readinto_mem(self.buf + self.end, self.bufsize - self.end)
+            if k == 0:
+                break
+            self.end += k
+        return self.end - self.start
+
+    cdef bytes _take(self, long long size, object name, long long hoff):
+        """The next ``size`` bytes of member data, then skip its padding."""
+        cdef Py_ssize_t avail = self.end - self.start, got, k
+        cdef long long padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        cdef bytes out
+        cdef char* p
+        if size <= self.bufsize // 2:
+            avail = self._fill(<Py_ssize_t>size)
+            if avail < size:
+                raise _tf.truncated_member(self.url, name, hoff, avail, padded)
+            out = PyBytes_FromStringAndSize(<char*>self.buf + self.start, <Py_ssize_t>size)
+            self.start += <Py_ssize_t>size
+        else:
+            out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>size)
+            p = PyBytes_AS_STRING(out)
+            got = avail
+            with nogil:
+                memcpy(p, self.buf + self.start, avail)
+            self.start = self.end = 0
+            while got < size:
+                k = self._readinto_mem(<unsigned char*>p + got, <Py_ssize_t>(size - got))
+                if k == 0:
+                    raise _tf.truncated_member(self.url, name, hoff, got, padded)
+                got += k
+        self.position += size
+        self._skip(padded - size, name, hoff, size, padded)
+        return out
+
+    cdef int _skip(self, long long n, object name, long long hoff, long long got, long long padded) except -1:
+        """Discard n bytes (padding or unused member data)."""
+        cdef Py_ssize_t avail, step
+        while n > 0:
+            avail = self._fill(1 if n > self.bufsize else <Py_ssize_t>n)
+            if avail == 0:
+                raise _tf.truncated_member(self.url, name, hoff, got, padded)
+            step = avail if avail < n else <Py_ssize_t>n
+            self.start += step
+            self.position += step
+            got += step
+            n -= step
+        return 0
+
+    def __next__(self):
+        cdef const unsigned char* h
+        cdef Py_ssize_t avail
+        cdef long long hoff, size, moff = -1  # moff: where the member's first header starts
+        cdef unsigned char typeflag
+        cdef bytes raw, data
+        cdef int n
+        longname = None
+        pax = None
+        while not self.done:
+            hoff = self.position
+            avail = self._fill(BLOCK)
+            if avail < BLOCK:
+                self.done = True
+                if hoff == 0:
+                    if avail == 0:
+                        raise _tf.empty_file(self.url)
+                    raise _tf.not_a_tar(self.url, self._head(avail))
+                if avail == 0:
+                    raise _tf.missing_end_marker(self.url, hoff)
+                raise _tf.truncated_header(self.url, hoff, avail)
+            h = self.buf + self.start
+            if _is_zero(h):
+                self.done = True
+                break
+            if not _checksum_ok(h):
+                self.done = True
+                if hoff == 0:
+                    raise _tf.not_a_tar(self.url, self._head(BLOCK))
+                raise _tf.bad_checksum(self.url, hoff)
+            size = _number(h + 124, 12)
+            if size < 0:
+                self.done = True
+                raise _tf.bad_number(self.url, hoff, "size")
+            typeflag = h[156]
+            if moff < 0 and typeflag != c'g':
+                moff = hoff
+            # The name: GNU long name, pax path, or ustar prefix + name.
+            if longname is not None:
+                name = longname
+            elif pax is not None and "path" in pax:
+                name = pax["path"]
+            else:
+                n = _cstrlen(h, 100)
+                raw = (<char*>h)[:n]
+                if (<char*>h)[257:263] == b"ustar\0" and h[345] != 0:
+                    raw = (<char*>h + 345)[:_cstrlen(h + 345, 155)] + b"/" + raw
+                name = _tf.decode_name(raw)
+            if pax is not None and "size" in pax:
+                size = pax["size"]
+            self.start += BLOCK
+            self.position += BLOCK
+            if typeflag == c'0' or typeflag == 0 or typeflag == c'7':
+                data = self._take(size, name, hoff)
+                if name.endswith("/"):  # an old-style directory entry
+                    longname = pax = None
+                    moff = -1
+                    continue
+                return (name, data, moff)
+            if typeflag == c'L':
+                longname = _tf.decode_name(self._take(size, name, hoff).split(b"\0", 1)[0])
+            elif typeflag == c'x':
+                pax = _tf.parse_pax(self._take(size, name, hoff), self.url, hoff)
+            elif typeflag == c'S':
+                self.done = True
+                raise _tf.unsupported_sparse(self.url, name, hoff)
+            elif c'1' <= typeflag <= c'6':
+                longname = pax = None
+                moff = -1
+            else:  # GNU long link, pax global header, anything unknown: skip its data
+                if typeflag != c'K' and typeflag != c'g':
+                    longname = pax = None
+                    moff = -1
+                self._skip((size + BLOCK - 1) // BLOCK * BLOCK, name, hoff, 0,
+                           (size + BLOCK - 1) // BLOCK * BLOCK)
+        raise StopIteration
+
+    cdef bytes _head(self, Py_ssize_t n):
+        return (<char*>self.buf + self.start)[:n]

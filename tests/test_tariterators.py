@@ -1,0 +1,207 @@
+"""Shards to samples: WebDataset's grouping rules, shard boundaries, gzip, handlers."""
+
+import gzip
+import io
+import pickle
+import warnings
+
+import pytest
+
+import wdsmp
+from wdsmp.tariterators import (
+    SHARD_END,
+    SHARD_FAILED,
+    ShardFailed,
+    base_plus_ext,
+    group_by_keys,
+    tar_file_iterator,
+    tarfile_samples,
+    tarfile_to_samples,
+)
+
+from .conftest import tar_bytes, write_tar
+
+
+def samples(urls, **kw):
+    return list(tarfile_samples([{"url": u} for u in urls], **kw))
+
+
+@pytest.mark.parametrize("path, expected", [
+    ("a/b/img.jpg", ("a/b/img", "jpg")),
+    ("dir.v2/img.seg.PNG", ("dir.v2/img", "seg.PNG")),
+    ("img.", ("img", "")),
+    ("noext", (None, None)),
+    ("dir.x/noext", (None, None)),
+    (".hidden", (None, None)),
+])
+def test_base_plus_ext(path, expected):
+    assert base_plus_ext(path) == expected
+
+
+def test_samples_from_a_local_shard(impl, tmp_path):
+    url = write_tar(tmp_path / "s.tar", [
+        ("d/a.JPG", b"jpeg-a"), ("d/a.cls", b"1"),
+        ("d/b.jpg", b"jpeg-b"), ("d/b.seg.png", b"png-b"),
+        ("README", b"no extension: not part of a sample"),
+        ("__meta__/info.json", b"{}"),  # meta directories are skipped
+    ])
+    got = samples([url])
+    assert got == [
+        {"__key__": "d/a", "__url__": url, "__local_path__": url, "jpg": b"jpeg-a", "cls": b"1"},
+        {"__key__": "d/b", "__url__": url, "__local_path__": url, "jpg": b"jpeg-b",
+         "seg.png": b"png-b"},
+    ]
+
+
+def test_shard_boundary_ends_a_sample(impl, tmp_path):
+    # Both shards hold key "k": they are two samples, never one merged sample.
+    a = write_tar(tmp_path / "a.tar", [("k.txt", b"from a")])
+    b = write_tar(tmp_path / "b.tar", [("k.cls", b"7")])
+    got = samples([a, b])
+    assert [(s["__key__"], s["__url__"]) for s in got] == [("k", a), ("k", b)]
+    assert "cls" not in got[0] and "txt" not in got[1]
+
+
+def test_gzip_detected_by_magic(impl, tmp_path):
+    data = gzip.compress(tar_bytes([("x.txt", b"zipped"), ("x.cls", b"2")]))
+    for name in ["s.tgz", "s.tar.gz", "misnamed.tar"]:
+        (tmp_path / name).write_bytes(data)
+        got = samples([str(tmp_path / name)])
+        assert got[0]["txt"] == b"zipped" and got[0]["cls"] == b"2"
+
+
+def test_truncated_gzip_is_an_error(impl, tmp_path):
+    data = gzip.compress(tar_bytes([("x.bin", bytes(range(256)) * 100)]))
+    (tmp_path / "cut.tgz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(wdsmp.TarFormatError, match="corrupt gzip stream.*cut.tgz"):
+        samples([str(tmp_path / "cut.tgz")])
+
+
+def test_duplicate_field_is_an_error(impl, tmp_path):
+    url = write_tar(tmp_path / "dup.tar", [("k.txt", b"1"), ("k.txt", b"2")])
+    with pytest.raises(wdsmp.SampleError,
+                       match=r"duplicate field 'txt' in sample 'k'.*dup.tar.*member 'k.txt', offset 1024"):
+        samples([url])
+
+
+def test_interleaved_members_are_an_error(impl, tmp_path):
+    url = write_tar(tmp_path / "mixed.tar", [("a.txt", b"1"), ("b.txt", b"2"), ("a.cls", b"3")])
+    with pytest.raises(wdsmp.SampleError,
+                       match=r"key 'a' reappears.*mixed.tar.*member 'a.cls', offset 2048"):
+        samples([url])
+
+
+def test_bad_samples_dropped_whole_when_handler_continues(impl, tmp_path):
+    url = write_tar(tmp_path / "dup.tar", [("a.txt", b"1"), ("k.txt", b"1"), ("k.txt", b"2"),
+                                           ("k.cls", b"x"), ("z.txt", b"3")])
+    with pytest.warns(UserWarning, match="duplicate field"):
+        got = samples([url], handler=wdsmp.warn_and_continue)
+    assert [s["__key__"] for s in got] == ["a", "z"]
+
+
+def test_damaged_shard_goes_through_the_handler(impl, tmp_path):
+    good = tar_bytes([("a.txt", b"a"), ("b.txt", b"b"), ("c.txt", b"c" * 2000), ("c.cls", b"1")])
+    write_tar(tmp_path / "ok.tar", [("d.txt", b"d")])
+    (tmp_path / "cut.tar").write_bytes(good[:3072 + 700])  # cut inside c.txt
+    urls = [str(tmp_path / "cut.tar"), str(tmp_path / "ok.tar")]
+    with pytest.raises(wdsmp.TarFormatError, match=r"member 'c.txt', offset 2048"):
+        samples(urls)
+    # Going on: "b" is whole (the damage is in "c"), "c" is dropped, never half-built.
+    got = samples(urls, handler=wdsmp.ignore_and_continue)
+    assert [s["__key__"] for s in got] == ["a", "b", "d"]
+    got = samples(urls, handler=wdsmp.ignore_and_stop)
+    assert [s["__key__"] for s in got] == ["a", "b"]
+
+
+def test_sample_in_progress_dropped_when_damage_is_in_its_own_member(impl, tmp_path):
+    good = tar_bytes([("a.txt", b"a"), ("b.txt", b"b"), ("b.cls", b"1" * 2000)])
+    (tmp_path / "cut.tar").write_bytes(good[:3072 + 700])  # cut inside b.cls
+    got = samples([str(tmp_path / "cut.tar")], handler=wdsmp.ignore_and_continue)
+    assert [s["__key__"] for s in got] == ["a"]
+
+
+def test_sample_in_progress_dropped_when_a_header_is_damaged(impl, tmp_path):
+    bad = bytearray(tar_bytes([("a.txt", b"a"), ("b.txt", b"b"), ("c.txt", b"c")]))
+    bad[2048 + 5] ^= 1  # c.txt's header: its name cannot be trusted
+    (tmp_path / "bad.tar").write_bytes(bytes(bad))
+    got = samples([str(tmp_path / "bad.tar")], handler=wdsmp.ignore_and_continue)
+    assert [s["__key__"] for s in got] == ["a"]
+
+
+def test_missing_end_marker_is_not_a_short_epoch(impl, tmp_path):
+    good = tar_bytes([("a.txt", b"a"), ("b.txt", b"b")])
+    (tmp_path / "s.tar").write_bytes(good[:2048])
+    with pytest.raises(wdsmp.TarFormatError, match="end-of-archive marker.*offset 2048"):
+        samples([str(tmp_path / "s.tar")])
+
+
+def test_missing_shard(impl, tmp_path):
+    missing = str(tmp_path / "nope.tar")
+    with pytest.raises(wdsmp.ShardError, match="nope.tar"):
+        samples([missing])
+    write_tar(tmp_path / "ok.tar", [("c.txt", b"c")])
+    got = samples([missing, str(tmp_path / "ok.tar")], handler=wdsmp.ignore_and_continue)
+    assert [s["__key__"] for s in got] == ["c"]
+
+
+def test_pipe_urls(impl, tmp_path):
+    path = write_tar(tmp_path / "s.tar", [("a.txt", b"a"), ("b.txt", b"b")])
+    got = samples([f"pipe:cat {path}"])
+    assert [s["txt"] for s in got] == [b"a", b"b"]
+    assert "__local_path__" not in got[0]
+
+
+def test_failing_pipe_is_an_error_not_an_empty_shard(impl, tmp_path):
+    with pytest.raises(wdsmp.PipeError, match="status 1"):
+        samples([f"pipe:cat {tmp_path}/missing.tar"])
+
+
+def test_select_and_rename_files(impl, tmp_path):
+    url = write_tar(tmp_path / "s.tar", [("a.jpg", b"j"), ("a.txt", b"t"), ("a.cls", b"1")])
+    got = samples([url], select_files=lambda n: not n.endswith(".txt"),
+                  rename_files=lambda n: n.replace(".jpg", ".png"))
+    assert got[0]["png"] == b"j" and "txt" not in got[0] and got[0]["cls"] == b"1"
+
+
+def test_tar_file_iterator_on_a_stream(impl):
+    data = tar_bytes([("a.txt", b"a")])
+    got = list(tar_file_iterator(io.BytesIO(data)))
+    assert got == [{"fname": "a.txt", "data": b"a", "__offset__": 0}]
+
+
+def test_group_by_keys_on_plain_members():
+    members = [{"fname": "a.txt", "data": b"1", "__url__": "u1"},
+               {"fname": "a.cls", "data": b"2", "__url__": "u1"},
+               SHARD_END,
+               {"fname": "a.txt", "data": b"3", "__url__": "u2"},
+               {"fname": "b.TXT", "data": b"4", "__url__": "u2"},
+               SHARD_FAILED,
+               {"fname": "c.txt", "data": b"5", "__url__": "u3"},
+               ShardFailed("d.txt")]
+    got = list(group_by_keys(iter(members)))
+    assert got == [{"__key__": "a", "__url__": "u1", "txt": b"1", "cls": b"2"},
+                   {"__key__": "a", "__url__": "u2", "txt": b"3"},  # "b" fell with its shard
+                   {"__key__": "c", "__url__": "u3", "txt": b"5"}]  # the damage was in "d"
+    # Without markers, a change of URL still ends the sample.
+    plain = [m for m in members if isinstance(m, dict)]
+    assert len(list(group_by_keys(iter(plain)))) == 4
+
+
+def test_stage_pickles():
+    stage = tarfile_to_samples(handler=wdsmp.warn_and_continue)
+    assert pickle.loads(pickle.dumps(stage)).kw == {"handler": wdsmp.warn_and_continue}
+    assert pickle.loads(pickle.dumps(SHARD_END)) is SHARD_END
+
+
+def test_curried_stage_runs(impl, tmp_path):
+    url = write_tar(tmp_path / "s.tar", [("a.txt", b"a")])
+    assert [s["txt"] for s in tarfile_to_samples()(iter([url]))] == [b"a"]
+
+
+def test_native_selection(monkeypatch):
+    monkeypatch.setenv("WDSMP_PUREPYTHON", "1")
+    assert not wdsmp.native.native_available()
+    monkeypatch.delenv("WDSMP_PUREPYTHON")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        wdsmp.native.native_available()  # whatever the build, it answers without raising

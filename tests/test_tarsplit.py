@@ -1,0 +1,308 @@
+"""The tar splitter, native and pure-Python: formats, streams, and every kind of damage."""
+
+import gzip
+import io
+import tarfile
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import wdsmp
+from wdsmp import _tarsplit_py
+from wdsmp.native import native_available, tar_splitter_class
+from wdsmp.tarformat import BLOCK
+
+from .conftest import tar_bytes
+
+
+def split(data, url="shard.tar", **kw):
+    return list(tar_splitter_class()(io.BytesIO(data), url, **kw))
+
+
+def expected(data):
+    """What Python's tarfile sees: (name, data, offset) of each regular file."""
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return [(m.name, tar.extractfile(m).read(), m.offset) for m in tar if m.isreg()]
+
+
+def header(name, size, typeflag=b"0", size_field=None, magic=b"ustar\x0000"):
+    """One raw tar header block with a correct checksum."""
+    h = bytearray(BLOCK)
+    h[0:len(name)] = name
+    h[100:108] = b"0000644\0"
+    h[108:116] = b"0000000\0"
+    h[116:124] = b"0000000\0"
+    h[124:136] = size_field if size_field is not None else b"%011o\0" % size
+    h[136:148] = b"00000000000\0"
+    h[156:157] = typeflag
+    h[257:265] = magic
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h)
+
+
+def member(name, data, **kw):
+    pad = -len(data) % BLOCK
+    return header(name, len(data), **kw) + data + b"\0" * pad
+
+
+END = b"\0" * (2 * BLOCK)
+
+
+def pax_record(text):
+    """``"LEN text\\n"`` where LEN counts the whole record, itself included."""
+    length = len(text) + 2
+    while len(b"%d %s\n" % (length, text)) != length:
+        length += 1
+    return b"%d %s\n" % (length, text)
+
+MEMBERS = [
+    ("a/000.jpg", b"\xff\xd8" + b"x" * 1000),
+    ("a/000.cls", b"3"),
+    ("a/001.txt", b""),
+    ("a/001.json", b"{}" * 256),  # exactly one block
+    ("b/" + "long" * 40 + ".txt", b"long name"),  # needs a GNU long name or pax path
+    ("ünïcode/ключ.txt", "text".encode()),
+    ("big.bin", bytes(range(256)) * 6000),  # 1.5 MB: larger than half the buffer
+]
+
+
+@pytest.mark.parametrize("fmt", [tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_matches_tarfile(impl, fmt):
+    data = tar_bytes(MEMBERS, format=fmt)
+    assert split(data) == expected(data)
+    assert [(n, d) for n, d, _ in split(data)] == MEMBERS
+
+
+def test_ustar_prefix_field(impl):
+    name = "d" * 120 + "/file.txt"  # ustar splits this into prefix and name
+    data = tar_bytes([(name, b"x")], format=tarfile.USTAR_FORMAT)
+    assert split(data) == expected(data)
+    assert split(data)[0][0] == name
+
+
+@pytest.mark.parametrize("bufsize", [2048, 4096, 1 << 16])
+def test_small_buffers(impl, bufsize):
+    data = tar_bytes(MEMBERS)
+    assert split(data, bufsize=bufsize) == expected(data)
+
+
+def test_bad_bufsize(impl):
+    with pytest.raises(ValueError, match="bufsize"):
+        split(tar_bytes(MEMBERS), bufsize=1000)
+
+
+def test_directories_links_and_specials_are_skipped(impl):
+    def extra(tar):
+        for kind, name in [(tarfile.DIRTYPE, "dir"), (tarfile.SYMTYPE, "sym"),
+                           (tarfile.LNKTYPE, "hard"), (tarfile.FIFOTYPE, "fifo")]:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.linkname = "a/000.cls"
+            tar.addfile(info)
+    data = tar_bytes(MEMBERS[:2], extra=extra)
+    assert [n for n, _, _ in split(data)] == ["a/000.jpg", "a/000.cls"]
+
+
+def test_old_style_directory_entry_is_skipped(impl):
+    data = member(b"dir/", b"") + member(b"dir/x.txt", b"x") + END
+    assert [n for n, _, _ in split(data)] == ["dir/x.txt"]
+
+
+def test_base256_size(impl):
+    size_field = b"\x80" + (5).to_bytes(11, "big")
+    data = header(b"x.txt", 0, size_field=size_field) + b"hello".ljust(BLOCK, b"\0") + END
+    assert split(data) == [("x.txt", b"hello", 0)]
+
+
+def test_pax_path_and_size(impl):
+    records = pax_record(b"path=pax/renamed.txt") + pax_record(b"size=3")
+    data = member(b"PaxHeader", records, typeflag=b"x") + member(b"short.txt", b"abc") + END
+    assert split(data) == expected(data)
+    assert split(data)[0][:2] == ("pax/renamed.txt", b"abc")
+
+
+def test_gnu_sparse_is_refused(impl):
+    data = member(b"sparse", b"", typeflag=b"S") + END
+    with pytest.raises(wdsmp.TarFormatError, match="sparse.*shard 'shard.tar'.*offset 0"):
+        split(data)
+
+
+def test_unknown_type_is_skipped_with_its_data(impl):
+    data = member(b"volume", b"v" * 700, typeflag=b"V") + member(b"ok.txt", b"ok") + END
+    assert split(data) == [("ok.txt", b"ok", 1536)]
+
+
+def test_single_zero_block_ends_archive(impl):
+    data = member(b"a.txt", b"a") + b"\0" * BLOCK
+    assert split(data) == [("a.txt", b"a", 0)]
+
+
+def test_garbage_after_end_marker_is_ignored(impl):
+    data = member(b"a.txt", b"a") + END + b"trailing junk"
+    assert split(data) == [("a.txt", b"a", 0)]
+
+
+class Trickle(io.RawIOBase):
+    """A pipe-like stream: at most ``n`` bytes per read, optionally without readinto."""
+
+    def __init__(self, data, n):
+        self.data, self.pos, self.n = data, 0, n
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        k = min(len(b), self.n, len(self.data) - self.pos)
+        b[:k] = self.data[self.pos:self.pos + k]
+        self.pos += k
+        return k
+
+
+class ReadOnly:
+    """A stream object with only ``read``."""
+
+    def __init__(self, data):
+        self.stream = io.BytesIO(data)
+
+    def read(self, n=-1):
+        return self.stream.read(min(n, 777))
+
+
+def test_trickling_streams(impl):
+    data = tar_bytes(MEMBERS)
+    cls = tar_splitter_class()
+    assert list(cls(Trickle(data, 1000), "t")) == expected(data)
+    assert list(cls(ReadOnly(data), "t", bufsize=4096)) == expected(data)
+
+
+# Damage: each kind is a TarFormatError that names the shard and the byte offset.
+
+GOOD = tar_bytes([("s1.txt", b"a" * 700), ("s1.cls", b"1"), ("s2.txt", b"b" * 10)])
+SECOND = 2 * BLOCK  # offset of the second member's header
+
+
+def test_empty_file(impl):
+    with pytest.raises(wdsmp.TarFormatError, match=r"empty file \(0 bytes\).*shard 'shard.tar', offset 0"):
+        split(b"")
+
+
+def test_not_a_tar(impl):
+    html = b"<!DOCTYPE html><html><body>403 Forbidden</body></html>" * 20
+    with pytest.raises(wdsmp.TarFormatError, match=r"not a tar archive \(starts with b'<!DOCTYPE.*offset 0"):
+        split(html)
+    with pytest.raises(wdsmp.TarFormatError, match="not a tar archive"):
+        split(b"short")
+
+
+def test_truncated_mid_member(impl):
+    with pytest.raises(wdsmp.TarFormatError,
+                       match=r"member ended after 300 of 1024 bytes.*member 's1.txt', offset 0"):
+        split(GOOD[:BLOCK + 300])
+
+
+def test_truncated_in_padding(impl):
+    with pytest.raises(wdsmp.TarFormatError, match=r"after 800 of 1024 bytes.*'s1.txt'"):
+        split(GOOD[:BLOCK + 800])
+
+
+def test_truncated_at_member_boundary(impl):
+    # webdataset silently ends the shard here; wdsmp says the archive is cut.
+    end = len(GOOD) - GOOD.rstrip(b"\0").__len__()
+    cut = GOOD[: 5 * BLOCK]  # after s1.cls and its padding: a header boundary
+    assert end > 0
+    with pytest.raises(wdsmp.TarFormatError,
+                       match=f"without the end-of-archive marker.*offset {5 * BLOCK}"):
+        split(cut)
+
+
+def test_truncated_header(impl):
+    with pytest.raises(wdsmp.TarFormatError, match=f"inside a header block.*offset {3 * BLOCK}"):
+        split(GOOD[: 3 * BLOCK + 100])
+
+
+def test_bad_checksum(impl):
+    bad = bytearray(GOOD)
+    bad[3 * BLOCK + 10] ^= 0x55  # a byte of the second header's name
+    with pytest.raises(wdsmp.TarFormatError, match=f"bad tar header checksum.*offset {3 * BLOCK}"):
+        split(bytes(bad))
+
+
+def test_bad_size_field(impl):
+    data = header(b"a.txt", 0, size_field=b"12x45\0      ") + END
+    with pytest.raises(wdsmp.TarFormatError, match="invalid size field.*offset 0"):
+        split(data)
+
+
+def test_bad_pax_header(impl):
+    data = member(b"PaxHeader", b"99 path=x\n", typeflag=b"x") + member(b"a.txt", b"a") + END
+    with pytest.raises(wdsmp.TarFormatError, match="bad pax extended header.*offset 0"):
+        split(data)
+
+
+def test_errors_pickle_with_their_location():
+    import pickle
+
+    exn = pickle.loads(pickle.dumps(wdsmp.TarFormatError("x", "u.tar", "m.jpg", 512)))
+    assert (exn.url, exn.member, exn.offset) == ("u.tar", "m.jpg", 512)
+    assert isinstance(exn, ValueError)
+
+
+# The native core and its twin agree on everything, good or bad.
+
+
+def outcome(cls, data, bufsize=2048):
+    try:
+        return ("ok", list(cls(io.BytesIO(data), "fuzz.tar", bufsize=bufsize)))
+    except wdsmp.TarFormatError as exn:
+        return ("error", str(exn))
+
+
+needs_native = pytest.mark.skipif(not native_available(), reason="native core not built")
+
+
+def both(data):
+    from wdsmp import _tarsplit
+
+    return outcome(_tarsplit.TarSplitter, data), outcome(_tarsplit_py.TarSplitter, data)
+
+
+@needs_native
+def test_agree_on_every_truncation():
+    data = tar_bytes([("x/a.txt", b"a" * 600), ("b" * 120 + ".bin", b"\x00\x01"), ("c.cls", b"")])
+    for cut in range(len(data) + 1):
+        native, twin = both(data[:cut])
+        assert native == twin, cut
+
+
+@needs_native
+def test_agree_on_flipped_bytes():
+    data = tar_bytes([("x/a.txt", b"a" * 600), ("b" * 120 + ".bin", b"\x00\x01")],
+                     format=tarfile.PAX_FORMAT)
+    for pos in range(0, len(data), 3):
+        for mask in (0x01, 0x80, 0xFF):
+            bad = bytearray(data)
+            bad[pos] ^= mask
+            native, twin = both(bytes(bad))
+            assert native == twin, (pos, mask)
+
+
+@needs_native
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=4 * BLOCK))
+def test_agree_on_arbitrary_bytes(data):
+    native, twin = both(data)
+    assert native == twin
+
+
+@needs_native
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.text(alphabet="abc/._-é", min_size=1, max_size=150),
+                          st.binary(max_size=3000)), max_size=6),
+       st.sampled_from([tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]))
+def test_agree_on_generated_archives(members, fmt):
+    members = [(n, d) for n, d in members if not n.endswith("/") and n.strip("/.")]
+    data = tar_bytes(members, format=fmt)
+    native, twin = both(data)
+    assert native == twin == ("ok", expected(data))

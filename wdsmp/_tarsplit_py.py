@@ -1,0 +1,150 @@
+"""Pure-Python twin of the native tar splitter (``src/ext/_tarsplit.pyx``).
+
+Same class, same results, same errors; selected with ``WDSMP_PUREPYTHON=1`` or
+when the extension is not built. Cold paths are shared through ``tarformat``.
+"""
+
+from . import tarformat as _tf
+from .tarformat import BLOCK
+
+_MAX_SIZE = 1 << 56
+
+
+def _number(field):
+    """A numeric header field: octal text or GNU base-256; -1 when invalid."""
+    if field[0] & 0x80:
+        if field[0] == 0xFF:
+            return -1
+        value = int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
+        return value if value < _MAX_SIZE else -1
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    if not text:
+        return 0
+    if any(c < 48 or c > 55 for c in text):
+        return -1
+    value = int(text, 8)
+    return value if value <= _MAX_SIZE * 8 else -1
+
+
+def _checksum_ok(header):
+    stored = _number(header[148:156])
+    rest = header[:148] + header[156:]
+    unsigned = sum(rest) + 8 * 32
+    signed = unsigned - 256 * sum(1 for c in rest if c > 127)
+    return stored >= 0 and stored in (unsigned, signed)
+
+
+def _cstr(field):
+    return field.split(b"\0", 1)[0]
+
+
+class TarSplitter:
+    """Iterate the regular-file members of an uncompressed tar stream.
+
+    Yields ``(name, data, offset)``: the member path (str), its contents
+    (bytes) and the byte offset where its headers start (as ``tarfile``'s
+    ``TarInfo.offset``: a GNU long-name or pax header counts as the start).
+    Directories, links and special files are skipped; GNU long names and pax
+    ``path`` and ``size`` records are applied. Damage raises
+    ``TarFormatError`` naming ``url`` and the offset: a stream that ends
+    without the end-of-archive marker is an error, not a short shard.
+    """
+
+    def __init__(self, stream, url=None, bufsize=1 << 20):
+        if bufsize < 4 * BLOCK or bufsize % BLOCK:
+            raise ValueError(f"bufsize must be a multiple of {BLOCK} and at least {4 * BLOCK}")
+        self.stream = stream
+        self.url = url
+        self.position = 0
+        self._done = False
+
+    def __iter__(self):
+        return self
+
+    def _read(self, n):
+        """Up to n bytes; fewer only at the end of the stream."""
+        parts = []
+        while n > 0:
+            chunk = self.stream.read(n)
+            if not chunk:
+                break
+            parts.append(chunk)
+            n -= len(chunk)
+        data = b"".join(parts)
+        self.position += len(data)
+        return data
+
+    def _take(self, size, name, hoff):
+        padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        data = self._read(size)
+        if len(data) < size:
+            raise _tf.truncated_member(self.url, name, hoff, len(data), padded)
+        pad = self._read(padded - size)
+        if len(pad) < padded - size:
+            raise _tf.truncated_member(self.url, name, hoff, size + len(pad), padded)
+        return data
+
+    def __next__(self):
+        longname = pax = None
+        moff = -1
+        while not self._done:
+            hoff = self.position
+            header = self._read(BLOCK)
+            if len(header) < BLOCK:
+                self._done = True
+                if hoff == 0:
+                    if not header:
+                        raise _tf.empty_file(self.url)
+                    raise _tf.not_a_tar(self.url, header)
+                if not header:
+                    raise _tf.missing_end_marker(self.url, hoff)
+                raise _tf.truncated_header(self.url, hoff, len(header))
+            if not any(header):
+                self._done = True
+                break
+            if not _checksum_ok(header):
+                self._done = True
+                if hoff == 0:
+                    raise _tf.not_a_tar(self.url, header)
+                raise _tf.bad_checksum(self.url, hoff)
+            size = _number(header[124:136])
+            if size < 0:
+                self._done = True
+                raise _tf.bad_number(self.url, hoff, "size")
+            typeflag = header[156:157]
+            if moff < 0 and typeflag != _tf.PAX_GLOBAL:
+                moff = hoff
+            if longname is not None:
+                name = longname
+            elif pax is not None and "path" in pax:
+                name = pax["path"]
+            else:
+                raw = _cstr(header[:100])
+                if header[257:263] == b"ustar\0" and header[345]:
+                    raw = _cstr(header[345:500]) + b"/" + raw
+                name = _tf.decode_name(raw)
+            if pax is not None and "size" in pax:
+                size = pax["size"]
+            if typeflag in _tf.REGULAR_TYPES:
+                data = self._take(size, name, hoff)
+                if name.endswith("/"):  # an old-style directory entry
+                    longname = pax = None
+                    moff = -1
+                    continue
+                return (name, data, moff)
+            if typeflag == _tf.GNU_LONGNAME:
+                longname = _tf.decode_name(self._take(size, name, hoff).split(b"\0", 1)[0])
+            elif typeflag == _tf.PAX_HEADER:
+                pax = _tf.parse_pax(self._take(size, name, hoff), self.url, hoff)
+            elif typeflag == _tf.GNU_SPARSE:
+                self._done = True
+                raise _tf.unsupported_sparse(self.url, name, hoff)
+            elif typeflag in _tf.LINK_AND_SPECIAL_TYPES:
+                longname = pax = None
+                moff = -1
+            else:  # GNU long link, pax global header, anything unknown: skip its data
+                if typeflag not in (_tf.GNU_LONGLINK, _tf.PAX_GLOBAL):
+                    longname = pax = None
+                    moff = -1
+                self._take(size, name, hoff)
+        raise StopIteration

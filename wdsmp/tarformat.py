@@ -1,0 +1,119 @@
+"""Tar format facts and the cold paths shared by the native splitter and its twin.
+
+The hot loop (header checksum, numeric fields, copying member data) lives twice:
+in ``src/ext/_tarsplit.pyx`` and in ``wdsmp/_tarsplit_py.py``. Everything that
+runs rarely lives here once, so both report identical errors and agree on pax
+headers by construction.
+"""
+
+from .errors import TarFormatError
+
+BLOCK = 512
+
+# Type flags (POSIX ustar, GNU and pax).
+REGULAR_TYPES = (b"0", b"\0", b"7")
+LINK_AND_SPECIAL_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6")  # carry no data
+GNU_LONGNAME = b"L"
+GNU_LONGLINK = b"K"
+GNU_SPARSE = b"S"
+PAX_HEADER = b"x"
+PAX_GLOBAL = b"g"
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def decode_name(raw):
+    """Member names are bytes in the archive; undecodable bytes survive a round trip."""
+    return raw.decode("utf-8", "surrogateescape")
+
+
+def parse_pax(data, url, offset):
+    """Parse a pax extended header into ``{"path": str, "size": int}`` (only those keys).
+
+    Records are ``"LEN key=value\\n"``, LEN counting the whole record.
+    """
+    result = {}
+    pos = 0
+    n = len(data)
+    while pos < n:
+        if data[pos] == 0:  # NUL padding after the last record
+            break
+        space = data.find(b" ", pos)
+        if space < 0:
+            raise bad_pax(url, offset)
+        try:
+            length = int(data[pos:space])
+        except ValueError:
+            raise bad_pax(url, offset) from None
+        end = pos + length
+        if length <= 0 or end > n or data[end - 1:end] != b"\n":
+            raise bad_pax(url, offset)
+        key, eq, value = data[space + 1:end - 1].partition(b"=")
+        if not eq:
+            raise bad_pax(url, offset)
+        if key == b"path":
+            result["path"] = decode_name(value)
+        elif key == b"size":
+            try:
+                result["size"] = int(value)
+            except ValueError:
+                raise bad_pax(url, offset) from None
+            if result["size"] < 0:
+                raise bad_pax(url, offset)
+        pos = end
+    return result
+
+
+# Errors. Each names the shard and the byte offset (in the decompressed stream)
+# of the header block where the problem starts.
+
+
+def empty_file(url):
+    return TarFormatError("empty file (0 bytes): not a tar archive", url, offset=0)
+
+
+def not_a_tar(url, head):
+    return TarFormatError(f"not a tar archive (starts with {bytes(head[:24])!r})", url, offset=0)
+
+
+def bad_checksum(url, offset):
+    return TarFormatError("bad tar header checksum: corrupt archive", url, offset=offset)
+
+
+def bad_number(url, offset, field):
+    return TarFormatError(f"bad tar header: invalid {field} field", url, offset=offset)
+
+
+def bad_pax(url, offset):
+    return TarFormatError("bad pax extended header", url, offset=offset)
+
+
+def unsupported_sparse(url, name, offset):
+    return TarFormatError("unsupported tar member type: GNU sparse file", url, name, offset)
+
+
+def truncated_header(url, offset, got):
+    return TarFormatError(
+        f"truncated tar archive: stream ended inside a header block ({got} of {BLOCK} bytes)",
+        url,
+        offset=offset,
+    )
+
+
+def truncated_member(url, name, offset, got, need):
+    """``need`` counts the member's data and its padding to a whole block."""
+    return TarFormatError(
+        f"truncated tar archive: member ended after {got} of {need} bytes (data and padding)",
+        url,
+        name,
+        offset,
+    )
+
+
+def missing_end_marker(url, offset):
+    return TarFormatError(
+        "truncated tar archive: stream ended at a member boundary "
+        "without the end-of-archive marker",
+        url,
+        offset=offset,
+    )
