@@ -1,0 +1,345 @@
+"""Open a shard URL as a binary stream: ``-``, local files, ``pipe:`` and a scheme table.
+
+Local paths and ``file:`` URLs give ordinary ``io`` objects (a BufferedReader
+when reading, so a tar splitter can ``readinto`` a large buffer). Other schemes
+are looked up in :data:`gopen_schemes`, to which :func:`register_scheme` adds
+more (http, s3, gs, ais, ...) without touching this module.
+
+NOTE [pipe status]: a ``pipe:`` command that fails must be an error, never an
+empty or short shard. Reading, the command's status is checked when its output
+reaches end of file, and a bad status is raised from that very read call;
+writing, it is checked by ``close()``. A reader that closes before end of file
+ends the command itself (the command then dies of SIGPIPE or SIGTERM), so that
+status is ours, not the command's, and is not reported. Every path waits for
+the process, so none is left a zombie.
+"""
+
+import io
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from urllib.parse import unquote, urlsplit
+
+from .errors import PipeError, ShardError
+
+__all__ = [
+    "Pipe",
+    "gopen",
+    "gopen_error",
+    "gopen_file",
+    "gopen_pipe",
+    "gopen_schemes",
+    "local_path",
+    "reader",
+    "register_scheme",
+]
+
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_MODES = ("rb", "wb")
+_STDERR_TAIL = 4000  # bytes of a command's stderr kept for its error message
+_KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when a reader stops early
+
+
+def _check_mode(mode):
+    if mode not in _MODES:
+        raise ValueError(f"mode must be 'rb' or 'wb', not {mode!r}")
+
+
+class Pipe(io.RawIOBase):
+    """A shell command's stdout ("rb") or stdin ("wb") as a binary file; see NOTE [pipe status].
+
+    ``timeout`` bounds the wait for the command once its output has ended
+    (reading) or its input is closed (writing); past it the command is killed
+    and PipeError raised. Statuses in ``ignore_status`` count as success, and
+    ``ignore_errors=True`` accepts any status, as in webdataset. Other keyword
+    arguments go to ``subprocess.Popen``; ``shell=True`` is the default, since
+    a ``pipe:`` URL is a shell command line.
+    """
+
+    proc = _stderr = None  # class defaults: close() runs from __del__ even if __init__ failed
+
+    def __init__(self, command, mode="rb", bufsize=8192, timeout=3600.0,
+                 ignore_status=(), ignore_errors=False, **popen_kw):
+        super().__init__()
+        self.command = command
+        self.url = f"pipe:{command}"
+        self.mode = mode
+        _check_mode(mode)
+        self.timeout = timeout
+        self.ignore_status = {0, *(ignore_status or ())}
+        self.ignore_errors = ignore_errors
+        self.status = None
+        self._stderr = tempfile.TemporaryFile()  # a file, not a pipe: it cannot fill up and deadlock
+        popen_kw.setdefault("shell", True)
+        stdio = dict(stdout=subprocess.PIPE) if mode == "rb" else dict(stdin=subprocess.PIPE)
+        try:
+            # bufsize > 1 keeps a BufferedReader/Writer, whose short read means end of file.
+            self.proc = subprocess.Popen(command, bufsize=bufsize if bufsize > 1 else -1,
+                                         stderr=self._stderr, **stdio, **popen_kw)
+        except OSError as exn:
+            self._stderr.close()
+            raise ShardError(f"cannot start command: {exn}", url=self.url) from exn
+        self._stream = self.proc.stdout if mode == "rb" else self.proc.stdin
+
+    def readable(self):
+        return self.mode == "rb"
+
+    def writable(self):
+        return self.mode == "wb"
+
+    def _check(self, mode):
+        if self.closed:
+            raise ValueError(f"I/O operation on closed pipe {self.url!r}")
+        if self.mode != mode:
+            raise io.UnsupportedOperation(f"pipe {self.url!r} was opened with mode {self.mode!r}")
+
+    def readinto(self, b):
+        self._check("rb")
+        n = self._stream.readinto(b)
+        if n < memoryview(b).nbytes:
+            self._at_eof()
+        return n
+
+    def read(self, size=-1):
+        self._check("rb")
+        data = self._stream.read(size)
+        if size is None or size < 0 or len(data) < size:
+            self._at_eof()
+        return data
+
+    def readline(self, size=-1):
+        self._check("rb")
+        line = self._stream.readline(size)
+        if not line.endswith(b"\n") and (size is None or size < 0 or len(line) < size):
+            self._at_eof()
+        return line
+
+    def write(self, b):
+        self._check("wb")
+        try:
+            return self._stream.write(b)
+        except BrokenPipeError as exn:
+            self._broken(exn)
+
+    def flush(self):
+        super().flush()  # raises ValueError once closed
+        if self.mode == "wb" and not self._stream.closed:
+            try:
+                self._stream.flush()
+            except BrokenPipeError as exn:
+                self._broken(exn)
+
+    def close(self):
+        """Finish the command (NOTE [pipe status]); idempotent."""
+        if self.closed:
+            return
+        try:
+            if self.proc is not None and self.status is None:
+                if self.mode == "rb":
+                    self._stop()
+                else:
+                    self._finish_writing()
+        finally:
+            self._release()
+            super().close()
+
+    def _at_eof(self):
+        """The command's output ended: its status decides if the data was whole."""
+        if self.status is None:
+            self._reap()
+        self._check_status()
+
+    def _finish_writing(self):
+        try:
+            self._stream.close()  # end of input for the command
+        except BrokenPipeError as exn:
+            self._broken(exn)
+        self._reap()
+        self._check_status()
+
+    def _broken(self, exn):
+        """The command stopped reading its input: say why, or at least that it did."""
+        if self.status is None:
+            self._reap()
+        self._check_status(exn)
+        raise ShardError("command exited before reading all its input", url=self.url) from exn
+
+    def _stop(self):
+        """A reader closing early ends the command; its status is then not reported."""
+        self._stream.close()  # a command still writing gets SIGPIPE
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(_KILL_GRACE)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.status = self.proc.returncode
+
+    def _reap(self):
+        """Wait for the command, killing it if it outlives ``timeout``."""
+        try:
+            self.status = self.proc.wait(self.timeout)
+        except subprocess.TimeoutExpired as exn:
+            self.proc.kill()
+            self.status = self.proc.wait()
+            note = f"\n(killed: still running {self.timeout}s after its stream ended)"
+            raise PipeError(self.command, self.status, self._stderr_tail() + note) from exn
+
+    def _check_status(self, cause=None):
+        if self.ignore_errors or self.status in self.ignore_status:
+            return
+        raise PipeError(self.command, self.status, self._stderr_tail()) from cause
+
+    def _stderr_tail(self):
+        if self._stderr is None or self._stderr.closed:
+            return ""
+        size = self._stderr.seek(0, io.SEEK_END)
+        self._stderr.seek(max(0, size - _STDERR_TAIL))
+        return self._stderr.read().decode("utf-8", "replace")
+
+    def _release(self):
+        if self.proc is not None and not self._stream.closed:
+            try:
+                self._stream.close()
+            except BrokenPipeError:
+                pass  # the command is gone and its status already reported
+        if self._stderr is not None:
+            self._stderr.close()
+
+
+class _Borrowed(io.RawIOBase):
+    """stdin or stdout lent to a caller: close() flushes but keeps the process's stream open."""
+
+    def __init__(self, stream, mode):
+        super().__init__()
+        self._stream = stream
+        self.mode = mode
+
+    def readable(self):
+        return self.mode == "rb"
+
+    def writable(self):
+        return self.mode == "wb"
+
+    def _open(self):
+        if self.closed:
+            raise ValueError("I/O operation on closed standard stream")
+        return self._stream
+
+    def readinto(self, b):
+        return self._open().readinto(b)
+
+    def read(self, size=-1):
+        return self._open().read(size)
+
+    def readline(self, size=-1):
+        return self._open().readline(size)
+
+    def write(self, b):
+        return self._open().write(b)
+
+    def flush(self):
+        super().flush()
+        if self.mode == "wb":
+            self._stream.flush()
+
+
+def _standard_stream(mode):
+    if mode == "rb":
+        return _Borrowed(getattr(sys.stdin, "buffer", sys.stdin), mode)
+    sys.stdout.flush()  # text printed before comes first
+    return _Borrowed(getattr(sys.stdout, "buffer", sys.stdout), mode)
+
+
+def _as_url(url):
+    """URLs are strings; a ``pathlib.Path`` is accepted as the path it names."""
+    return os.fspath(url) if isinstance(url, os.PathLike) else url
+
+
+def local_path(url):
+    """The filesystem path a plain path or ``file:`` URL names, else None."""
+    url = _as_url(url)
+    if not isinstance(url, str) or url == "-":
+        return None
+    match = _SCHEME.match(url)
+    if match is None:
+        return url
+    if match.group(1).lower() != "file":
+        return None
+    parts = urlsplit(url)
+    if parts.netloc not in ("", "localhost"):
+        return None
+    return unquote(parts.path)
+
+
+def gopen_file(url, mode="rb", bufsize=8192, **kw):
+    """Open a local path or ``file:`` URL; options meant for other schemes are ignored."""
+    _check_mode(mode)
+    url = _as_url(url)
+    path = local_path(url)
+    if path is None:
+        raise ShardError("not a local file URL (file: URLs must have no host or localhost)", url=url)
+    try:
+        return open(path, mode, buffering=bufsize)
+    except OSError as exn:
+        action = "reading" if mode == "rb" else "writing"
+        raise ShardError(f"cannot open {path!r} for {action}: {exn.strerror or exn}", url=url) from exn
+
+
+def gopen_pipe(url, mode="rb", bufsize=8192, timeout=3600.0, ignore_status=(),
+               ignore_errors=False, **kw):
+    """Run the shell command after ``pipe:``; see NOTE [pipe status]."""
+    if not url.startswith("pipe:"):
+        raise ValueError(f"not a pipe: URL: {url!r}")
+    return Pipe(url[len("pipe:"):], mode=mode, bufsize=bufsize, timeout=timeout,
+                ignore_status=ignore_status, ignore_errors=ignore_errors)
+
+
+def gopen_error(url, mode="rb", bufsize=8192, **kw):
+    """The opener of last resort: say which schemes there are."""
+    match = _SCHEME.match(url)
+    scheme = match.group(1) if match else url
+    known = ", ".join(sorted(s for s in gopen_schemes if not s.startswith("__")))
+    raise ShardError(f"no opener for URL scheme {scheme!r} (known schemes: {known}; "
+                     f"add one with wdsmp.gopen.register_scheme)", url=url)
+
+
+gopen_schemes = {"__default__": gopen_error, "file": gopen_file, "pipe": gopen_pipe}
+
+
+def register_scheme(scheme, opener):
+    """Make ``opener(url, mode, bufsize, **kw)`` open URLs ``scheme:...``; returns the old one."""
+    if not isinstance(scheme, str) or not (scheme == "__default__" or _SCHEME.fullmatch(scheme + ":")):
+        raise ValueError(f"not a URL scheme name: {scheme!r}")
+    if not callable(opener):
+        raise TypeError(f"opener for scheme {scheme!r} is not callable: {opener!r}")
+    scheme = scheme if scheme == "__default__" else scheme.lower()
+    previous = gopen_schemes.get(scheme)
+    gopen_schemes[scheme] = opener
+    return previous
+
+
+def gopen(url, mode="rb", bufsize=8192, **kw):
+    """Open ``url`` for reading ("rb") or writing ("wb") as a binary stream.
+
+    ``-`` is stdin or stdout (closing the stream leaves them open); a path
+    without a scheme is a local file; ``scheme:...`` goes to the opener in
+    :data:`gopen_schemes`, which receives ``kw``.
+    """
+    _check_mode(mode)
+    url = _as_url(url)
+    if url == "-":
+        return _standard_stream(mode)
+    match = _SCHEME.match(url)
+    if match is None:
+        return gopen_file(url, mode, bufsize, **kw)
+    opener = gopen_schemes.get(match.group(1).lower()) or gopen_schemes.get("__default__", gopen_error)
+    return opener(url, mode, bufsize, **kw)
+
+
+def reader(url, **kw):
+    """Open ``url`` for reading (webdataset's name)."""
+    return gopen(url, "rb", **kw)
