@@ -1,0 +1,247 @@
+"""Tenbin: webdataset's binary format for lists of arrays (the ``.ten`` extension).
+
+Byte-compatible with webdataset's ``tenbin``, so ``.ten`` members move freely
+between the two libraries. A buffer is a sequence of chunks::
+
+    b"~TenBin~"   8 bytes of magic
+    length        int64, the number of payload bytes
+    payload       padded with NULs to a multiple of 64 bytes
+
+Each array is two chunks: a header, then its raw C-order data. The header is
+int64s: the dtype code (``"f4"``, ``"u1"``, ... as 8 NUL-padded ASCII bytes),
+an info string (at most 8 ASCII bytes, same encoding), the rank, the shape.
+
+Integers and data are little-endian, which is what webdataset writes on every
+machine it runs on (it uses native order). The framing keeps every payload
+16-byte aligned relative to the buffer, so decoded arrays are zero-copy views of
+it (read-only when the buffer is ``bytes``). Unlike webdataset, ``uint32`` works.
+"""
+
+import struct
+import sys
+
+import numpy as np
+
+__all__ = [
+    "encode_header",
+    "decode_header",
+    "encode_list",
+    "decode_list",
+    "encode_chunks",
+    "decode_chunks",
+    "encode_buffer",
+    "decode_buffer",
+    "write_chunk",
+    "read_chunk",
+    "write",
+    "read",
+    "save",
+    "load",
+]
+
+MAGIC = b"~TenBin~"
+ALIGN = 64
+
+# dtype name -> code written in the header; the set webdataset supports.
+_CODES = {
+    "float16": "f2",
+    "float32": "f4",
+    "float64": "f8",
+    "int8": "i1",
+    "int16": "i2",
+    "int32": "i4",
+    "int64": "i8",
+    "uint8": "u1",
+    "uint16": "u2",
+    "uint32": "u4",
+    "uint64": "u8",
+}
+_DTYPES = {code: np.dtype(name).newbyteorder("<") for name, code in _CODES.items()}
+_I64 = np.dtype("<i8")
+
+
+def _roundup(n):
+    return -(-n // ALIGN) * ALIGN
+
+
+def _str64(text, what):
+    """An ASCII string of at most 8 bytes as the int64 it occupies in a header."""
+    raw = text.encode("ascii") if isinstance(text, str) else bytes(text)
+    if len(raw) > 8:
+        raise ValueError(f"tenbin {what} {text!r} is longer than 8 bytes")
+    return struct.unpack("<q", raw.ljust(8, b"\0"))[0]
+
+
+def _unstr64(value):
+    return struct.pack("<q", int(value)).rstrip(b"\0").decode("ascii")
+
+
+def encode_header(a, info=""):
+    """The header chunk of array ``a``: dtype code, info, rank, shape."""
+    code = _CODES.get(a.dtype.name)
+    if code is None:
+        raise ValueError(f"tenbin cannot store dtype {a.dtype.name} (supported: {', '.join(_CODES)})")
+    values = [_str64(code, "dtype"), _str64(info, "info"), a.ndim, *a.shape]
+    return np.array(values, dtype=_I64).tobytes()
+
+
+def decode_header(h):
+    """Parse a header chunk into ``(shape, dtype, info)``."""
+    if len(h) < 24 or len(h) % 8:
+        raise ValueError(f"tenbin header of {len(h)} bytes is malformed")
+    values = np.frombuffer(h, dtype=_I64)
+    try:
+        code = _unstr64(values[0])
+        info = _unstr64(values[1])
+    except UnicodeDecodeError as exn:
+        raise ValueError("tenbin header holds non-ASCII dtype or info") from exn
+    if code not in _DTYPES:
+        raise ValueError(f"tenbin header has unknown dtype code {code!r}")
+    rank = int(values[2])
+    if rank < 0 or len(values) < 3 + rank or (values[3:3 + rank] < 0).any():
+        raise ValueError(f"tenbin header has a bad rank or shape ({values.tolist()})")
+    return tuple(int(d) for d in values[3:3 + rank]), _DTYPES[code], info
+
+
+def encode_list(l, infos=None):  # noqa: E741 (webdataset's parameter name)
+    """Arrays -> chunks, alternating header and data; ``infos`` names each array."""
+    if infos is None:
+        infos = [""] * len(l)
+    elif len(infos) != len(l):
+        raise ValueError(f"tenbin got {len(l)} arrays but {len(infos)} infos")
+    chunks = []
+    for a, info in zip(l, infos):
+        a = np.asarray(a)
+        header = encode_header(a, info)
+        data = np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+        chunks += [header, data.tobytes()]
+    return chunks
+
+
+def _check_infos(arrays, infos, wanted):
+    """Apply webdataset's ``infos=`` convention: False -> arrays, True -> (arrays, infos), list -> check."""
+    if wanted is None or wanted is False:
+        return arrays
+    if wanted is True:
+        return arrays, infos
+    if not isinstance(wanted, (list, tuple)):
+        raise ValueError("infos must be a bool, a list or a tuple")
+    if list(wanted) != infos[:len(wanted)]:
+        raise ValueError(f"tenbin infos {infos} do not match the required {list(wanted)}")
+    return arrays
+
+
+def decode_list(l, infos=False):  # noqa: E741 (webdataset's parameter name)
+    """Chunks (header, data, header, data, ...) -> arrays."""
+    if len(l) % 2:
+        raise ValueError("tenbin data ends after a header without its data chunk")
+    arrays, names = [], []
+    for header, data in zip(l[0::2], l[1::2]):
+        shape, dtype, info = decode_header(header)
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if len(data) != expected:
+            raise ValueError(f"tenbin array {shape} {dtype.name} needs {expected} bytes, chunk has {len(data)}")
+        arrays.append(np.frombuffer(data, dtype=dtype).reshape(shape))
+        names.append(info)
+    return _check_infos(arrays, names, infos)
+
+
+def encode_chunks(l):  # noqa: E741 (webdataset's parameter name)
+    """Frame chunks with magic, length and padding into one bytearray."""
+    result = bytearray()
+    for chunk in l:
+        n = len(memoryview(chunk).cast("B"))
+        result += MAGIC
+        result += struct.pack("<q", n)
+        result += chunk
+        result += bytes(_roundup(n) - n)
+    return result
+
+
+def decode_chunks(buf):
+    """Split a framed buffer into chunks (memoryviews, no copies)."""
+    view = memoryview(buf).cast("B")
+    chunks, offset = [], 0
+    while offset < len(view):
+        if view[offset:offset + 8] != MAGIC or offset + 16 > len(view):
+            raise ValueError(f"tenbin magic missing at byte {offset}")
+        (n,) = struct.unpack("<q", view[offset + 8:offset + 16])
+        start = offset + 16
+        if n < 0 or start + n > len(view):
+            raise ValueError(f"tenbin chunk at byte {offset} claims {n} bytes, buffer is truncated")
+        chunks.append(view[start:start + n])
+        offset = start + _roundup(n)
+    return chunks
+
+
+def encode_buffer(l, infos=None):  # noqa: E741 (webdataset's parameter name)
+    """A list of arrays as one tenbin buffer (a bytearray)."""
+    if not isinstance(l, (list, tuple)):
+        raise ValueError(f"tenbin encode_buffer needs a list of arrays, got {type(l).__name__}")
+    return encode_chunks(encode_list(l, infos=infos))
+
+
+def decode_buffer(buf, infos=False):
+    """A tenbin buffer back into a list of arrays (views of ``buf``)."""
+    return decode_list(decode_chunks(buf), infos=infos)
+
+
+def write_chunk(stream, buf):
+    """Write one framed chunk to a binary stream."""
+    stream.write(encode_chunks([buf]))
+
+
+def read_chunk(stream):
+    """Read one framed chunk from a binary stream; None at a clean end of stream."""
+    head = stream.read(16)
+    if not head:
+        return None
+    if len(head) < 16 or head[:8] != MAGIC:
+        raise ValueError("tenbin magic missing in stream")
+    (n,) = struct.unpack("<q", head[8:])
+    if n < 0:
+        raise ValueError(f"tenbin chunk claims {n} bytes")
+    data = stream.read(n)
+    padding = _roundup(n) - n
+    if len(data) != n or len(stream.read(padding)) != padding:
+        raise ValueError("tenbin stream is truncated")
+    return data
+
+
+def write(stream, l, infos=None):  # noqa: E741 (webdataset's parameter name)
+    """Write a list of arrays to a binary stream."""
+    for chunk in encode_list(l, infos=infos):
+        write_chunk(stream, chunk)
+
+
+def read(stream, n=sys.maxsize, infos=False):
+    """Read up to ``n`` arrays from a binary stream."""
+    chunks = []
+    for _ in range(n):
+        header = read_chunk(stream)
+        if header is None:
+            break
+        data = read_chunk(stream)
+        if data is None:
+            raise ValueError("tenbin stream ends after a header without its data chunk")
+        chunks += [header, data]
+    return decode_list(chunks, infos=infos)
+
+
+def _check_name(fname, nocheck):
+    if not nocheck and not str(fname).endswith(".ten"):
+        raise ValueError(f"tenbin file name {fname!r} should end in .ten (or pass nocheck=True)")
+
+
+def save(fname, *args, infos=None, nocheck=False):
+    """Save arrays to a ``.ten`` file."""
+    _check_name(fname, nocheck)
+    with open(fname, "wb") as stream:
+        write(stream, args, infos=infos)
+
+
+def load(fname, infos=False, nocheck=False):
+    """Load the list of arrays in a ``.ten`` file."""
+    _check_name(fname, nocheck)
+    with open(fname, "rb") as stream:
+        return read(stream, infos=infos)
