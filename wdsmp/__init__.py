@@ -1,6 +1,8 @@
-"""wdsmp: WebDataset-compatible sharded data loading for PyTorch, with a fast native path.
+"""wdsmp: WebDataset-compatible sharded data loading for PyTorch, with a native core.
 
-``import wdsmp as wds`` gives the names of webdataset's public API.
+``import wdsmp as wds`` gives the names of webdataset's public API; its
+submodules (``wdsmp.gopen``, ``wdsmp.tariterators``, ``wdsmp.writer``, ...) carry
+the names of webdataset's submodules of the same name.
 """
 
 from .errors import (
@@ -12,6 +14,8 @@ from .errors import (
     WdsmpError,
     WorkerError,
 )
+from .filters import pipelinefilter
+from .gopen import gopen, gopen_schemes, reader, register_scheme
 from .handlers import (
     ignore_and_continue,
     ignore_and_stop,
@@ -19,6 +23,9 @@ from .handlers import (
     warn_and_continue,
     warn_and_stop,
 )
+from .native import native_available
+from .tariterators import group_by_keys, tarfile_samples, tarfile_to_samples, url_opener
+from .writer import ShardWriter, TarWriter
 
 __version__ = "0.1.0"
 
@@ -27,12 +34,24 @@ __all__ = [
     "PipeError",
     "SampleError",
     "ShardError",
+    "ShardWriter",
     "TarFormatError",
+    "TarWriter",
     "WdsmpError",
     "WorkerError",
+    "gopen",
+    "gopen_schemes",
+    "group_by_keys",
     "ignore_and_continue",
     "ignore_and_stop",
+    "native_available",
+    "pipelinefilter",
+    "reader",
+    "register_scheme",
     "reraise_exception",
+    "tarfile_samples",
+    "tarfile_to_samples",
+    "url_opener",
     "warn_and_continue",
     "warn_and_stop",
 ]
