@@ -16,7 +16,7 @@ import io
 import re
 import zlib
 
-from . import gopen as _gopen
+from .gopen import gopen, local_path
 from . import tarformat as _tf
 from .errors import SampleError, TarFormatError
 from .filters import pipelinefilter
@@ -99,13 +99,13 @@ def url_opener(data, handler=reraise_exception, **kw):
             sample = {"url": sample}
         url = sample["url"]
         try:
-            stream = _gopen.gopen(url, **kw)
+            stream = gopen(url, **kw)
         except Exception as exn:
             if handler(exn):
                 continue
             break
         sample = dict(sample, stream=stream)
-        path = _gopen.local_path(url)
+        path = local_path(url)
         if path is not None:
             sample.setdefault("local_path", path)
         yield sample
@@ -196,14 +196,14 @@ def tar_file_expander(data, handler=reraise_exception, select_files=None, rename
     for source in data:
         url = source["url"]
         stream = source["stream"]
-        local_path = source.get("local_path")
+        path = source.get("local_path")
         try:
             for member in tar_file_iterator(stream, handler=reraise_exception,
                                             select_files=select_files,
                                             rename_files=rename_files, url=url):
                 member["__url__"] = url
-                if local_path is not None:
-                    member["__local_path__"] = local_path
+                if path is not None:
+                    member["__local_path__"] = path
                 yield member
         except Exception as exn:
             yield ShardFailed(getattr(exn, "member", None))

@@ -11,7 +11,8 @@ from cpython.buffer cimport PyBUF_WRITE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.memoryview cimport PyMemoryView_FromMemory
 from libc.stdlib cimport free, malloc
-from libc.string cimport memcpy, memmove
+from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
+from libc.string cimport memcmp, memcpy, memmove
 
 from wdsmp import tarformat as _tf
 
@@ -49,27 +50,31 @@ cdef long long _number(const unsigned char* p, int n) noexcept nogil:
     return value
 
 
-cdef bint _checksum_ok(const unsigned char* h) noexcept nogil:
+cdef long long _byte_sum(const unsigned char* h) noexcept nogil:
+    """Unsigned sum of a header block; a plain loop the compiler vectorises."""
+    cdef long long total = 0
+    cdef int i
+    for i in range(BLOCK):
+        total += h[i]
+    return total
+
+
+cdef bint _checksum_ok(const unsigned char* h, long long usum) noexcept nogil:
     """Header checksum, counting the checksum field as spaces (signed or unsigned sum)."""
     cdef long long stored = _number(h + 148, 8)
-    cdef long long usum = 0, ssum = 0
+    cdef long long ssum
     cdef int i
+    for i in range(148, 156):
+        usum += 32 - h[i]
+    if stored == usum:
+        return True
+    ssum = 0  # some old writers summed signed chars
     for i in range(BLOCK):
         if 148 <= i < 156:
-            usum += 32
             ssum += 32
         else:
-            usum += h[i]
             ssum += <signed char>h[i]
-    return stored >= 0 and (stored == usum or stored == ssum)
-
-
-cdef bint _is_zero(const unsigned char* h) noexcept nogil:
-    cdef int i
-    for i in range(BLOCK):
-        if h[i]:
-            return False
-    return True
+    return stored >= 0 and stored == ssum
 
 
 cdef int _cstrlen(const unsigned char* p, int n) noexcept nogil:
@@ -179,7 +184,11 @@ cdef class TarSplitter:
                     raise _tf.truncated_member(self.url, name, hoff, got, padded)
                 got += k
         self.position += size
-        self._skip(padded - size, name, hoff, size, padded)
+        if self.end - self.start >= padded - size:  # the usual case: padding is buffered
+            self.start += <Py_ssize_t>(padded - size)
+            self.position += padded - size
+        else:
+            self._skip(padded - size, name, hoff, size, padded)
         return out
 
     cdef int _skip(self, long long n, object name, long long hoff, long long got, long long padded) except -1:
@@ -199,10 +208,9 @@ cdef class TarSplitter:
     def __next__(self):
         cdef const unsigned char* h
         cdef Py_ssize_t avail
-        cdef long long hoff, size, moff = -1  # moff: where the member's first header starts
+        cdef long long hoff, size, usum, moff = -1  # moff: where the member's first header starts
         cdef unsigned char typeflag
         cdef bytes raw, data
-        cdef int n
         longname = None
         pax = None
         while not self.done:
@@ -218,10 +226,11 @@ cdef class TarSplitter:
                     raise _tf.missing_end_marker(self.url, hoff)
                 raise _tf.truncated_header(self.url, hoff, avail)
             h = self.buf + self.start
-            if _is_zero(h):
+            usum = _byte_sum(h)
+            if usum == 0:  # a zero block: the end-of-archive marker
                 self.done = True
                 break
-            if not _checksum_ok(h):
+            if not _checksum_ok(h, usum):
                 self.done = True
                 if hoff == 0:
                     raise _tf.not_a_tar(self.url, self._head(BLOCK))
@@ -238,19 +247,19 @@ cdef class TarSplitter:
                 name = longname
             elif pax is not None and "path" in pax:
                 name = pax["path"]
-            else:
-                n = _cstrlen(h, 100)
-                raw = (<char*>h)[:n]
-                if (<char*>h)[257:263] == b"ustar\0" and h[345] != 0:
-                    raw = (<char*>h + 345)[:_cstrlen(h + 345, 155)] + b"/" + raw
+            elif memcmp(h + 257, b"ustar\0", 6) == 0 and h[345] != 0:
+                raw = (<char*>h + 345)[:_cstrlen(h + 345, 155)] + b"/" + (<char*>h)[:_cstrlen(h, 100)]
                 name = _tf.decode_name(raw)
+            else:  # the common case, decoded straight from the buffer
+                name = PyUnicode_DecodeUTF8(<char*>h, _cstrlen(h, 100), "surrogateescape")
             if pax is not None and "size" in pax:
                 size = pax["size"]
             self.start += BLOCK
             self.position += BLOCK
             if typeflag == c'0' or typeflag == 0 or typeflag == c'7':
                 data = self._take(size, name, hoff)
-                if name.endswith("/"):  # an old-style directory entry
+                if PyUnicode_GET_LENGTH(name) and PyUnicode_READ_CHAR(name, PyUnicode_GET_LENGTH(name) - 1) == 47:
+                    # a name ending in "/": an old-style directory entry
                     longname = pax = None
                     moff = -1
                     continue
