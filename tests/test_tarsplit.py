@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 import wdsmp
 from wdsmp import _tarsplit_py
-from wdsmp.native import native_available, tar_splitter_class
+from wdsmp.native import tar_splitter_class
 from wdsmp.tarformat import BLOCK
 
 from .conftest import tar_bytes
@@ -86,6 +86,22 @@ def test_ustar_prefix_field(impl):
 def test_small_buffers(impl, bufsize):
     data = tar_bytes(MEMBERS)
     assert split(data, bufsize=bufsize) == expected(data)
+
+
+@pytest.mark.parametrize("bufsize", [2048, 4096, 8192])
+def test_members_straddling_the_buffer(impl, bufsize):
+    # Sizes around the switch between copying from the buffer and reading straight
+    # into the result, at several places in the buffer, each followed by a member
+    # that is already sitting in the buffer.
+    sizes = [bufsize // 2 - 1, bufsize // 2, bufsize // 2 + 1, bufsize // 2 + 76, bufsize - 600,
+             bufsize - 512, bufsize + 1, 3 * bufsize + 7]
+    for size in sizes:
+        for lead in range(4):
+            members = [(f"lead{i}.txt", b"x") for i in range(lead)]
+            members += [("big.bin", bytes(range(256)) * (size // 256) + b"z" * (size % 256)),
+                        ("after.txt", b"after")]
+            data = tar_bytes(members)
+            assert split(data, bufsize=bufsize) == expected(data), (size, lead)
 
 
 def test_bad_bufsize(impl):
@@ -259,13 +275,17 @@ def outcome(cls, data, bufsize=2048):
         return ("error", str(exn))
 
 
-needs_native = pytest.mark.skipif(not native_available(), reason="native core not built")
-
-
-def both(data):
+try:  # compared directly, whatever WDSMP_PUREPYTHON says
     from wdsmp import _tarsplit
+except ImportError:
+    _tarsplit = None
 
-    return outcome(_tarsplit.TarSplitter, data), outcome(_tarsplit_py.TarSplitter, data)
+needs_native = pytest.mark.skipif(_tarsplit is None, reason="native core not built")
+
+
+def both(data, bufsize=2048):
+    return (outcome(_tarsplit.TarSplitter, data, bufsize),
+            outcome(_tarsplit_py.TarSplitter, data, bufsize))
 
 
 @needs_native
@@ -299,10 +319,11 @@ def test_agree_on_arbitrary_bytes(data):
 @needs_native
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.text(alphabet="abc/._-é", min_size=1, max_size=150),
-                          st.binary(max_size=3000)), max_size=6),
-       st.sampled_from([tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]))
-def test_agree_on_generated_archives(members, fmt):
+                          st.binary(max_size=5000)), max_size=6),
+       st.sampled_from([tarfile.GNU_FORMAT, tarfile.PAX_FORMAT]),
+       st.sampled_from([2048, 4096]))
+def test_agree_on_generated_archives(members, fmt, bufsize):
     members = [(n, d) for n, d in members if not n.endswith("/") and n.strip("/.")]
     data = tar_bytes(members, format=fmt)
-    native, twin = both(data)
+    native, twin = both(data, bufsize)
     assert native == twin == ("ok", expected(data))

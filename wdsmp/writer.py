@@ -44,18 +44,10 @@ from .encoders import (
     torch_dumps,
 )
 
-__all__ = [
-    "imageencoder",
-    "bytestr",
-    "torch_dumps",
-    "make_handlers",
-    "default_handlers",
-    "encode_based_on_extension1",
-    "encode_based_on_extension",
-    "make_encoder",
-    "TarWriter",
-    "ShardWriter",
-]
+from . import encoders as _encoders
+
+# The encoders live in their own module; webdataset's writer module exports them too.
+__all__ = [*_encoders.__all__, "TarWriter", "ShardWriter"]
 
 # Member names.
 

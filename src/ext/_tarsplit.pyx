@@ -172,12 +172,16 @@ cdef class TarSplitter:
             out = PyBytes_FromStringAndSize(<char*>self.buf + self.start, <Py_ssize_t>size)
             self.start += <Py_ssize_t>size
         else:
+            # Too big to gather in the buffer: copy what is buffered, read the rest
+            # straight into the result. The buffer may hold more than this member.
             out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>size)
             p = PyBytes_AS_STRING(out)
-            got = avail
+            got = avail if avail < size else <Py_ssize_t>size
             with nogil:
-                memcpy(p, self.buf + self.start, avail)
-            self.start = self.end = 0
+                memcpy(p, self.buf + self.start, got)
+            self.start += got
+            if self.start == self.end:
+                self.start = self.end = 0
             while got < size:
                 k = self._readinto_mem(<unsigned char*>p + got, <Py_ssize_t>(size - got))
                 if k == 0:
