@@ -187,10 +187,11 @@ def test_pipe_read_failure(command, status, stderr):
     assert_reaped(stream.proc.pid)
 
 
-def test_pipe_read_failure_with_read_and_short_buffer():
+def test_pipe_read_failure_comes_after_the_data():
     stream = gopen("pipe:printf 'abc'; exit 3")
+    assert stream.read(100) == b"abc"  # the data the command wrote is delivered first
     with pytest.raises(PipeError, match="status 3"):
-        stream.read(100)  # a short read is the end of the output
+        stream.read(100)  # then the read that finds end of file reports the status
     stream.close()
 
 

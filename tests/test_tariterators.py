@@ -3,6 +3,7 @@
 import gzip
 import io
 import pickle
+import tarfile
 import warnings
 
 import pytest
@@ -14,9 +15,11 @@ from wdsmp.tariterators import (
     ShardFailed,
     base_plus_ext,
     group_by_keys,
+    tar_file_expander,
     tar_file_iterator,
     tarfile_samples,
     tarfile_to_samples,
+    url_opener,
 )
 
 from .conftest import tar_bytes, write_tar
@@ -205,3 +208,54 @@ def test_native_selection(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         wdsmp.native.native_available()  # whatever the build, it answers without raising
+
+
+def count_both(monkeypatch, urls, **kw):
+    counts = {}
+    for mode in ["native", "python"]:
+        if mode == "python":
+            monkeypatch.setenv("WDSMP_PUREPYTHON", "1")
+        else:
+            monkeypatch.delenv("WDSMP_PUREPYTHON", raising=False)
+        counts[mode] = [s["__key__"] for s in samples(urls, **kw)]
+    return counts
+
+
+def test_cut_gzip_shard_gives_the_same_samples_natively_and_in_python(monkeypatch, tmp_path):
+    data = gzip.compress(tar_bytes([(f"s{i:04d}.bin", bytes([i % 256]) * 5000) for i in range(200)]))
+    (tmp_path / "cut.tgz").write_bytes(data[: len(data) * 3 // 4])
+    got = count_both(monkeypatch, [str(tmp_path / "cut.tgz")], handler=wdsmp.ignore_and_continue)
+    assert got["native"] == got["python"]
+    assert len(got["native"]) > 100
+
+
+def test_status_of_a_pipe_checked_after_the_end_marker(impl, tmp_path):
+    path = write_tar(tmp_path / "ok.tar", [("a.txt", b"a"), ("b.txt", b"b")])
+    with pytest.raises(wdsmp.PipeError, match="status 3"):
+        samples([f"pipe:cat {path}; exit 3"])
+    with pytest.raises(wdsmp.PipeError, match="status 3"):
+        samples([f"pipe:cat {path} {path}; exit 3"])
+
+
+def test_gzip_crc_is_checked(impl, tmp_path):
+    data = bytearray(gzip.compress(tar_bytes([("a.txt", b"a" * 1000)])))
+    data[-6] ^= 0xFF  # a byte of the CRC trailer
+    (tmp_path / "bad.tgz").write_bytes(bytes(data))
+    with pytest.raises(wdsmp.TarFormatError, match="corrupt gzip stream.*CRC.*bad.tgz"):
+        samples([str(tmp_path / "bad.tgz")])
+
+
+def test_sample_cut_inside_a_long_name_header_is_dropped(impl, tmp_path):
+    long_key = "k" * 150
+    data = tar_bytes([("a.txt", b"a"), (long_key + ".jpg", b"j"), (long_key + ".cls", b"1")])
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        cls_offset = [m.offset for m in tar][2]  # where the .cls member's long-name header starts
+    (tmp_path / "cut.tar").write_bytes(data[: cls_offset + 512 + 50])
+    got = samples([str(tmp_path / "cut.tar")], handler=wdsmp.ignore_and_continue)
+    assert [s["__key__"] for s in got] == ["a"]  # the long-key sample may lack its .cls
+
+
+def test_expander_yields_only_member_dicts_by_default(impl, tmp_path):
+    path = write_tar(tmp_path / "s.tar", [("a.txt", b"a")])
+    members = list(tar_file_expander(url_opener([path])))
+    assert all(isinstance(m, dict) for m in members) and len(members) == 1

@@ -327,3 +327,58 @@ def test_agree_on_generated_archives(members, fmt, bufsize):
     data = tar_bytes(members, format=fmt)
     native, twin = both(data, bufsize)
     assert native == twin == ("ok", expected(data))
+
+
+def test_pax_size_out_of_range(impl):
+    data = (member(b"PaxHeader", pax_record(b"size=9223372036854775807"), typeflag=b"x")
+            + member(b"vol", b"", typeflag=b"V") + END)
+    with pytest.raises(wdsmp.TarFormatError, match="bad pax extended header.*offset 0"):
+        split(data)
+
+
+def test_no_member_named_when_an_extension_header_is_cut(impl):
+    data = tar_bytes([("k" * 150 + ".txt", b"x")])  # a GNU long-name header first
+    with pytest.raises(wdsmp.TarFormatError, match="offset 0") as info:
+        split(data[:BLOCK + 50])
+    assert info.value.member is None
+
+
+def test_stopped_for_good_after_an_error(impl):
+    splitter = tar_splitter_class()(io.BytesIO(GOOD[:BLOCK + 300]), "cut.tar")
+    with pytest.raises(wdsmp.TarFormatError):
+        next(splitter)
+    with pytest.raises(StopIteration):
+        next(splitter)
+
+
+class OddStream:
+    """A stream whose reads return odd things: None, memoryviews, bad counts."""
+
+    def __init__(self, data, readinto_result=None):
+        self.stream = io.BytesIO(data)
+        self.first = True
+        if readinto_result is not None:
+            self.readinto = lambda b: readinto_result
+
+    def read(self, n):
+        if self.first:
+            self.first = False
+            return None  # "no data": read as end of stream
+        return memoryview(self.stream.read(min(n, 100)))
+
+
+def test_read_returning_none_and_memoryviews(impl):
+    data = tar_bytes([("a.txt", b"a")])
+    with pytest.raises(wdsmp.TarFormatError, match="empty file"):
+        list(tar_splitter_class()(OddStream(data), "odd"))
+    stream = OddStream(data)
+    stream.first = False
+    assert list(tar_splitter_class()(stream, "odd")) == [("a.txt", b"a", 0)]
+
+
+@pytest.mark.parametrize("result", [-100000, 1 << 40])
+def test_readinto_out_of_range_is_refused(result):
+    if _tarsplit is None:
+        pytest.skip("native core not built")
+    with pytest.raises(OSError, match="outside"):
+        list(_tarsplit.TarSplitter(OddStream(b"", readinto_result=result), "odd"))

@@ -6,8 +6,7 @@ when the extension is not built. Cold paths are shared through ``tarformat``.
 
 from . import tarformat as _tf
 from .tarformat import BLOCK
-
-_MAX_SIZE = 1 << 56
+from .tarformat import MAX_MEMBER_SIZE as _MAX_SIZE
 
 
 def _number(field):
@@ -85,13 +84,21 @@ class TarSplitter:
         return data
 
     def __next__(self):
+        if self._done:
+            raise StopIteration
+        try:
+            return self._next()
+        except BaseException:
+            self._done = True  # a damaged stream cannot be resumed
+            raise
+
+    def _next(self):
         longname = pax = None
         moff = -1
         while not self._done:
             hoff = self.position
             header = self._read(BLOCK)
             if len(header) < BLOCK:
-                self._done = True
                 if hoff == 0:
                     if not header:
                         raise _tf.empty_file(self.url)
@@ -103,13 +110,11 @@ class TarSplitter:
                 self._done = True
                 break
             if not _checksum_ok(header):
-                self._done = True
                 if hoff == 0:
                     raise _tf.not_a_tar(self.url, header)
                 raise _tf.bad_checksum(self.url, hoff)
             size = _number(header[124:136])
             if size < 0:
-                self._done = True
                 raise _tf.bad_number(self.url, hoff, "size")
             typeflag = header[156:157]
             if moff < 0 and typeflag != _tf.PAX_GLOBAL:
@@ -132,12 +137,13 @@ class TarSplitter:
                     moff = -1
                     continue
                 return (name, data, moff)
+            # Errors inside extension headers name no member: the member they
+            # belong to is not known yet.
             if typeflag == _tf.GNU_LONGNAME:
-                longname = _tf.decode_name(self._take(size, name, hoff).split(b"\0", 1)[0])
+                longname = _tf.decode_name(self._take(size, None, hoff).split(b"\0", 1)[0])
             elif typeflag == _tf.PAX_HEADER:
-                pax = _tf.parse_pax(self._take(size, name, hoff), self.url, hoff)
+                pax = _tf.parse_pax(self._take(size, None, hoff), self.url, hoff)
             elif typeflag == _tf.GNU_SPARSE:
-                self._done = True
                 raise _tf.unsupported_sparse(self.url, name, hoff)
             elif typeflag in _tf.LINK_AND_SPECIAL_TYPES:
                 longname = pax = None
@@ -146,5 +152,7 @@ class TarSplitter:
                 if typeflag not in (_tf.GNU_LONGLINK, _tf.PAX_GLOBAL):
                     longname = pax = None
                     moff = -1
+                else:
+                    name = None
                 self._take(size, name, hoff)
         raise StopIteration

@@ -6,8 +6,9 @@ are looked up in :data:`gopen_schemes`, to which :func:`register_scheme` adds
 more (http, s3, gs, ais, ...) without touching this module.
 
 NOTE [pipe status]: a ``pipe:`` command that fails must be an error, never an
-empty or short shard. Reading, the command's status is checked when its output
-reaches end of file, and a bad status is raised from that very read call;
+empty or short shard. Reading, the command's status is checked by the read that
+finds its output at end of file (data always comes before the error), and a bad
+status is raised from that read; readers therefore read to end of file;
 writing, it is checked by ``close()``. A reader that closes before end of file
 ends the command itself (the command then dies of SIGPIPE or SIGTERM), so that
 status is ours, not the command's, and is not reported. Every path waits for
@@ -98,21 +99,21 @@ class Pipe(io.RawIOBase):
     def readinto(self, b):
         self._check("rb")
         n = self._stream.readinto(b)
-        if n < memoryview(b).nbytes:
+        if not n and memoryview(b).nbytes:
             self._at_eof()
         return n
 
     def read(self, size=-1):
         self._check("rb")
         data = self._stream.read(size)
-        if size is None or size < 0 or len(data) < size:
+        if size is None or size < 0 or (not data and size):
             self._at_eof()
         return data
 
     def readline(self, size=-1):
         self._check("rb")
         line = self._stream.readline(size)
-        if not line.endswith(b"\n") and (size is None or size < 0 or len(line) < size):
+        if not line and size != 0:
             self._at_eof()
         return line
 

@@ -9,6 +9,7 @@ headers by construction.
 from .errors import TarFormatError
 
 BLOCK = 512
+MAX_MEMBER_SIZE = 1 << 56  # beyond any real member; keeps size arithmetic in range
 
 # Type flags (POSIX ustar, GNU and pax).
 REGULAR_TYPES = (b"0", b"\0", b"7")
@@ -58,7 +59,7 @@ def parse_pax(data, url, offset):
                 result["size"] = int(value)
             except ValueError:
                 raise bad_pax(url, offset) from None
-            if result["size"] < 0:
+            if not 0 <= result["size"] < MAX_MEMBER_SIZE:
                 raise bad_pax(url, offset)
         pos = end
     return result

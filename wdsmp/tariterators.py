@@ -158,12 +158,19 @@ def _decompressed(stream):
 
 
 def _members(stream, url):
-    """``(name, data, offset)`` of each regular member; gzip errors become TarFormatErrors."""
-    splitter = tar_splitter_class()(_decompressed(stream), url)
+    """``(name, data, offset)`` of each regular member, then the stream read to its end.
+
+    Reading past the end-of-archive marker to end of file is what checks a
+    ``pipe:`` command's exit status and a gzip stream's CRC; stream errors
+    become TarFormatErrors naming the shard.
+    """
     try:
-        yield from splitter
+        tar = _decompressed(stream)
+        yield from tar_splitter_class()(tar, url)
+        while tar.read(1 << 16):
+            pass
     except (EOFError, zlib.error, gzip.BadGzipFile) as exn:
-        raise TarFormatError(f"corrupt gzip stream: {exn}", url, offset=splitter.position) from exn
+        raise TarFormatError(f"corrupt gzip stream: {exn}", url) from exn
 
 
 def tar_file_iterator(fileobj, skip_meta=_META_FILES, handler=reraise_exception,
@@ -187,11 +194,13 @@ def tar_file_iterator(fileobj, skip_meta=_META_FILES, handler=reraise_exception,
         handler(exn)
 
 
-def tar_file_expander(data, handler=reraise_exception, select_files=None, rename_files=None):
+def tar_file_expander(data, handler=reraise_exception, select_files=None, rename_files=None,
+                      boundaries=False):
     """Members of every shard in ``data`` (dicts with ``url`` and ``stream``).
 
-    Each shard is followed by ``SHARD_END``, or by a ``ShardFailed`` marker
-    when it broke midway.
+    With ``boundaries=True`` (as ``tarfile_samples`` uses it) each shard is
+    followed by ``SHARD_END``, or by a ``ShardFailed`` marker when it broke
+    midway; by default only member dicts come out, as webdataset's do.
     """
     for source in data:
         url = source["url"]
@@ -206,13 +215,18 @@ def tar_file_expander(data, handler=reraise_exception, select_files=None, rename
                     member["__local_path__"] = path
                 yield member
         except Exception as exn:
-            yield ShardFailed(getattr(exn, "member", None))
+            if boundaries:
+                damaged = getattr(exn, "member", None)
+                if damaged is not None and rename_files is not None:
+                    damaged = rename_files(damaged)
+                yield ShardFailed(damaged)
             if handler(exn):
                 continue
             break
         finally:
             stream.close()
-        yield SHARD_END
+        if boundaries:
+            yield SHARD_END
 
 
 def _sample_error(problem, member, handler):
@@ -288,7 +302,7 @@ def tarfile_samples(src, handler=reraise_exception, select_files=None, rename_fi
     """Shard URLs (``{"url": ...}`` dicts or strings) to samples."""
     streams = url_opener(src, handler=handler)
     members = tar_file_expander(streams, handler=handler, select_files=select_files,
-                                rename_files=rename_files)
+                                rename_files=rename_files, boundaries=True)
     return group_by_keys(members, handler=handler)
 
 

@@ -112,7 +112,9 @@ cdef class TarSplitter:
         if bufsize < 4 * BLOCK or bufsize % BLOCK:
             raise ValueError(f"bufsize must be a multiple of {BLOCK} and at least {4 * BLOCK}")
         self.stream = stream
-        self._readinto = getattr(stream, "readinto", None)
+        # readinto1 where there is one: a single read at a time, so what a stream
+        # delivered before failing (a cut gzip file) is split before the error.
+        self._readinto = getattr(stream, "readinto1", None) or getattr(stream, "readinto", None)
         self._read = stream.read
         self.url = url
         self.bufsize = bufsize
@@ -132,15 +134,22 @@ cdef class TarSplitter:
     cdef Py_ssize_t _readinto_mem(self, unsigned char* dest, Py_ssize_t n) except -1:
         """One read of at most n bytes into dest; 0 at end of stream."""
         cdef object got
+        cdef const unsigned char[:] view
         cdef Py_ssize_t k
         if self._readinto is not None:
             got = self._readinto(PyMemoryView_FromMemory(<char*>dest, n, PyBUF_WRITE))
-            return got or 0
+            k = 0 if got is None else got
+            if k < 0 or k > n:
+                raise OSError(f"readinto() returned {k}, outside 0..{n}")
+            return k
         got = self._read(n)
-        k = len(got)
+        if got is None or len(got) == 0:
+            return 0
+        view = got
+        k = view.shape[0]
         if k > n:
-            raise ValueError("stream.read returned more bytes than asked for")
-        memcpy(dest, <const char*>got, k)
+            raise OSError(f"read() returned {k} bytes, more than the {n} asked for")
+        memcpy(dest, &view[0], k)
         return k
 
     cdef Py_ssize_t _fill(self, Py_ssize_t need) except -1:
@@ -177,8 +186,7 @@ cdef class TarSplitter:
             out = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>size)
             p = PyBytes_AS_STRING(out)
             got = avail if avail < size else <Py_ssize_t>size
-            with nogil:
-                memcpy(p, self.buf + self.start, got)
+            memcpy(p, self.buf + self.start, got)
             self.start += got
             if self.start == self.end:
                 self.start = self.end = 0
@@ -210,6 +218,15 @@ cdef class TarSplitter:
         return 0
 
     def __next__(self):
+        if self.done:
+            raise StopIteration
+        try:
+            return self._next()
+        except BaseException:
+            self.done = True  # a damaged stream cannot be resumed
+            raise
+
+    cdef object _next(self):
         cdef const unsigned char* h
         cdef Py_ssize_t avail
         cdef long long hoff, size, usum, moff = -1  # moff: where the member's first header starts
@@ -221,7 +238,6 @@ cdef class TarSplitter:
             hoff = self.position
             avail = self._fill(BLOCK)
             if avail < BLOCK:
-                self.done = True
                 if hoff == 0:
                     if avail == 0:
                         raise _tf.empty_file(self.url)
@@ -235,13 +251,11 @@ cdef class TarSplitter:
                 self.done = True
                 break
             if not _checksum_ok(h, usum):
-                self.done = True
                 if hoff == 0:
                     raise _tf.not_a_tar(self.url, self._head(BLOCK))
                 raise _tf.bad_checksum(self.url, hoff)
             size = _number(h + 124, 12)
             if size < 0:
-                self.done = True
                 raise _tf.bad_number(self.url, hoff, "size")
             typeflag = h[156]
             if moff < 0 and typeflag != c'g':
@@ -268,12 +282,13 @@ cdef class TarSplitter:
                     moff = -1
                     continue
                 return (name, data, moff)
+            # Errors inside extension headers name no member: the member they
+            # belong to is not known yet.
             if typeflag == c'L':
-                longname = _tf.decode_name(self._take(size, name, hoff).split(b"\0", 1)[0])
+                longname = _tf.decode_name(self._take(size, None, hoff).split(b"\0", 1)[0])
             elif typeflag == c'x':
-                pax = _tf.parse_pax(self._take(size, name, hoff), self.url, hoff)
+                pax = _tf.parse_pax(self._take(size, None, hoff), self.url, hoff)
             elif typeflag == c'S':
-                self.done = True
                 raise _tf.unsupported_sparse(self.url, name, hoff)
             elif c'1' <= typeflag <= c'6':
                 longname = pax = None
@@ -282,6 +297,8 @@ cdef class TarSplitter:
                 if typeflag != c'K' and typeflag != c'g':
                     longname = pax = None
                     moff = -1
+                else:
+                    name = None
                 self._skip((size + BLOCK - 1) // BLOCK * BLOCK, name, hoff, 0,
                            (size + BLOCK - 1) // BLOCK * BLOCK)
         raise StopIteration
