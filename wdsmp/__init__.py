@@ -24,17 +24,31 @@ from .handlers import (
     warn_and_stop,
 )
 from .native import native_available
+from .pipeline import DataPipeline
+from .shardlists import (
+    ResampledShards,
+    SimpleShardList,
+    non_empty,
+    single_node_only,
+    split_by_node,
+    split_by_worker,
+)
 from .tariterators import group_by_keys, tarfile_samples, tarfile_to_samples, url_opener
+from .utils import PipelineStage, pytorch_worker_info, pytorch_worker_seed
 from .writer import ShardWriter, TarWriter
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "DataPipeline",
     "DecodeError",
     "PipeError",
+    "PipelineStage",
+    "ResampledShards",
     "SampleError",
     "ShardError",
     "ShardWriter",
+    "SimpleShardList",
     "TarFormatError",
     "TarWriter",
     "WdsmpError",
@@ -45,10 +59,16 @@ __all__ = [
     "ignore_and_continue",
     "ignore_and_stop",
     "native_available",
+    "non_empty",
     "pipelinefilter",
+    "pytorch_worker_info",
+    "pytorch_worker_seed",
     "reader",
     "register_scheme",
     "reraise_exception",
+    "single_node_only",
+    "split_by_node",
+    "split_by_worker",
     "tarfile_samples",
     "tarfile_to_samples",
     "url_opener",

@@ -1,0 +1,252 @@
+"""DataPipeline on real tar shards, in this process and in DataLoader workers (fork and spawn)."""
+
+import functools
+import pickle
+import warnings
+
+import pytest
+import torch.utils.data
+
+import wdsmp.utils
+from wdsmp.pipeline import DataPipeline
+from wdsmp.shardlists import ResampledShards, SimpleShardList, split_by_worker
+from wdsmp.tariterators import tarfile_to_samples
+
+from .conftest import write_tar
+
+
+@pytest.fixture(autouse=True)
+def single_process(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "WORKER", "NUM_WORKERS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def make_shards(tmp_path, nshards, per_shard):
+    """Shards ``s{i}.tar`` holding samples ``s{i}_{j}`` with a ``txt`` and a ``cls`` field."""
+    urls = []
+    for i in range(nshards):
+        members = []
+        for j in range(per_shard):
+            members.append((f"s{i}_{j:03d}.txt", f"text {i} {j}".encode()))
+            members.append((f"s{i}_{j:03d}.cls", str(i * 1000 + j).encode()))
+        urls.append(write_tar(tmp_path / f"s{i}.tar", members))
+    return urls
+
+
+def all_keys(nshards, per_shard):
+    return [f"s{i}_{j:03d}" for i in range(nshards) for j in range(per_shard)]
+
+
+# Stages at module level: spawned workers import them from tests.test_pipeline.
+
+
+def keys(src):
+    for sample in src:
+        yield sample["__key__"]
+
+
+def add_suffix(src, suffix):
+    for item in src:
+        yield item + suffix
+
+
+def count_up(n):
+    return iter(range(n))
+
+
+class Recorder:
+    """A stage with ``set_epoch`` and ``close``, to see what the pipeline forwards."""
+
+    def __init__(self):
+        self.epochs = []
+        self.closed = 0
+
+    def __call__(self, src):
+        return src
+
+    def set_epoch(self, epoch):
+        self.epochs.append(epoch)
+
+    def close(self):
+        self.closed += 1
+
+
+# -- building and running
+
+
+def test_tar_shards_to_samples(tmp_path):
+    urls = make_shards(tmp_path, 3, 4)
+    dataset = DataPipeline(SimpleShardList(urls), tarfile_to_samples())
+    samples = list(dataset)
+    assert [s["__key__"] for s in samples] == all_keys(3, 4)
+    assert samples[5]["txt"] == b"text 1 1" and samples[5]["cls"] == b"1001"
+    assert samples[5]["__url__"] == urls[1]
+    assert [s["__key__"] for s in dataset] == all_keys(3, 4)  # a second pass starts over
+
+
+def test_stage_kinds(tmp_path):
+    urls = make_shards(tmp_path, 2, 2)
+    dataset = DataPipeline(SimpleShardList(urls), [tarfile_to_samples(), keys],
+                           None, functools.partial(add_suffix, suffix="!"))
+    assert list(dataset) == [k + "!" for k in all_keys(2, 2)]
+    assert len(dataset.pipeline) == 4 and dataset.stage(2) is keys
+    assert list(DataPipeline(functools.partial(count_up, 3))) == [0, 1, 2]
+    assert list(DataPipeline([[1, 2, 3]], [])) == [1, 2, 3]  # lists flatten one level
+    assert list(DataPipeline(range(3), functools.partial(add_suffix, suffix=1))) == [1, 2, 3]
+
+
+def test_bad_stages():
+    with pytest.raises(ValueError, match="stage 0 .* is not a source"):
+        DataPipeline(42)
+    with pytest.raises(ValueError, match="stage 1 .* is not callable"):
+        DataPipeline(range(3), range(4))
+    with pytest.raises(ValueError, match="no stages"):
+        list(DataPipeline())
+
+
+def test_append_and_compose(tmp_path):
+    urls = make_shards(tmp_path, 2, 3)
+    base = DataPipeline(SimpleShardList(urls), tarfile_to_samples())
+    composed = base.compose(keys)
+    assert len(base.pipeline) == 2 and len(composed.pipeline) == 3
+    assert list(composed) == all_keys(2, 3)
+    base.append(keys)
+    assert list(base) == all_keys(2, 3)
+
+
+# -- lengths, epochs, repeats
+
+
+def test_with_length_pickles(tmp_path):
+    urls = make_shards(tmp_path, 2, 3)
+    dataset = DataPipeline(SimpleShardList(urls), tarfile_to_samples(), keys)
+    with pytest.raises(TypeError, match="no length"):
+        len(dataset)
+    assert bool(dataset) and len(list(dataset)) == 6
+    with pytest.warns(UserWarning, match="does not change the number of samples"):
+        assert dataset.with_length(4) is dataset
+    assert len(dataset) == 4
+    copy = pickle.loads(pickle.dumps(dataset))
+    assert type(copy) is DataPipeline and len(copy) == 4
+    assert list(copy) == all_keys(2, 3)  # the length is only what len() says
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(DataPipeline(range(3)).with_length(7, silent=True)) == 7
+    with pytest.raises(ValueError, match="non-negative"):
+        dataset.with_length(-1, silent=True)
+
+
+def test_with_epoch_continues_across_epochs(tmp_path):
+    urls = make_shards(tmp_path, 2, 5)
+    expected = all_keys(2, 5)
+    dataset = DataPipeline(SimpleShardList(urls), tarfile_to_samples(), keys).with_epoch(4)
+    epochs = [list(dataset) for _ in range(3)]
+    assert epochs == [expected[0:4], expected[4:8], expected[8:10] + expected[0:2]]
+    # a pickled copy starts its own iterator from the beginning
+    assert list(pickle.loads(pickle.dumps(dataset))) == expected[0:4]
+    assert list(dataset.with_epoch(nbatches=12)) == expected + expected[0:2]  # restarts
+    assert list(dataset) == expected[2:10] + expected[0:4]
+    dataset.close()
+    assert list(dataset) == expected + expected[0:2]
+
+
+def test_with_epoch_on_empty_data_ends():
+    assert list(DataPipeline(range(0)).with_epoch(5)) == []
+
+
+def test_repeat(tmp_path):
+    urls = make_shards(tmp_path, 2, 3)
+    expected = all_keys(2, 3)
+    dataset = DataPipeline(SimpleShardList(urls), tarfile_to_samples(), keys)
+    assert list(dataset.repeat(2)) == expected * 2
+    assert list(dataset.repeat(nepochs=3, nbatches=8)) == (expected * 2)[:8]
+    assert list(dataset.repeat(nbatches=13)) == (expected * 3)[:13]
+    assert list(dataset.repeat(1, 4)) == expected[:4]
+    assert list(dataset) == expected[:4]
+    dataset.repeat(nbatches=13)
+    assert list(dataset) == (expected * 3)[:13]  # each call starts afresh, unlike with_epoch
+    assert list(DataPipeline(range(0)).repeat()) == []  # an empty pass ends the repetition
+
+
+def test_set_epoch_and_close_reach_stages(tmp_path):
+    recorder = Recorder()
+    shards = ResampledShards([f"s{i}" for i in range(10)], nshards=20, deterministic=True)
+    dataset = DataPipeline(shards, recorder).with_epoch(5)
+    first = list(dataset)
+    dataset.set_epoch(3)
+    assert recorder.epochs == [3] and shards._next_epoch == 3
+    epoch3 = list(dataset)
+    assert shards.epoch == 3 and epoch3 != first
+    dataset.set_epoch(3)
+    assert list(dataset) == epoch3  # set_epoch restarts the kept iterator
+    dataset.close()
+    dataset.close()
+    assert recorder.closed == 2
+
+
+# -- DataLoader workers
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_exactly_once(tmp_path, context):
+    urls = make_shards(tmp_path, 5, 7)
+    dataset = DataPipeline(SimpleShardList(urls), split_by_worker, tarfile_to_samples(), keys)
+    loader = torch.utils.data.DataLoader(dataset, num_workers=2, batch_size=None,
+                                         multiprocessing_context=context)
+    for _ in range(2):
+        assert sorted(loader) == all_keys(5, 7)
+
+
+def test_dataloader_with_epoch_counts(tmp_path):
+    urls = make_shards(tmp_path, 4, 5)
+    dataset = DataPipeline(SimpleShardList(urls), split_by_worker, tarfile_to_samples(),
+                           keys).with_epoch(7)
+    loader = torch.utils.data.DataLoader(dataset, num_workers=2, batch_size=None,
+                                         multiprocessing_context="fork")
+    for _ in range(3):
+        epoch = list(loader)
+        assert len(epoch) == 14 and set(epoch) <= set(all_keys(4, 5))
+
+
+def test_dataloader_batches(tmp_path):
+    urls = make_shards(tmp_path, 2, 4)
+    dataset = DataPipeline(SimpleShardList(urls), split_by_worker, tarfile_to_samples(), keys)
+    loader = torch.utils.data.DataLoader(dataset, num_workers=2, batch_size=2,
+                                         multiprocessing_context="fork")
+    batches = list(loader)
+    assert all(len(b) == 2 for b in batches)
+    assert sorted(k for b in batches for k in b) == all_keys(2, 4)
+
+
+def test_worker_seed_differs_per_worker():
+    seeds = list(torch.utils.data.DataLoader(DataPipeline(functools.partial(seed_source)),
+                                             num_workers=2, batch_size=None,
+                                             multiprocessing_context="fork"))
+    assert sorted(seeds) == [0, 1]
+
+
+def seed_source():
+    yield wdsmp.utils.pytorch_worker_seed()
+
+
+def test_with_epoch_continues_in_persistent_workers(tmp_path):
+    urls = make_shards(tmp_path, 2, 5)
+    dataset = DataPipeline(SimpleShardList(urls), split_by_worker, tarfile_to_samples(),
+                           keys).with_epoch(3)
+    loader = torch.utils.data.DataLoader(dataset, num_workers=2, batch_size=None,
+                                         persistent_workers=True, multiprocessing_context="fork")
+    shard0, shard1 = all_keys(2, 5)[:5], all_keys(2, 5)[5:]
+    assert sorted(loader) == sorted(shard0[0:3] + shard1[0:3])
+    assert sorted(loader) == sorted(shard0[3:5] + shard0[0:1] + shard1[3:5] + shard1[0:1])
+
+
+def test_forked_workers_start_their_own_epoch_iterator(tmp_path):
+    urls = make_shards(tmp_path, 2, 5)
+    dataset = DataPipeline(SimpleShardList(urls), split_by_worker, tarfile_to_samples(),
+                           keys).with_epoch(3)
+    assert list(dataset) == all_keys(2, 5)[:3]  # the main process keeps an iterator
+    loader = torch.utils.data.DataLoader(dataset, num_workers=2, batch_size=None,
+                                         multiprocessing_context="fork")
+    shard0, shard1 = all_keys(2, 5)[:5], all_keys(2, 5)[5:]
+    assert sorted(loader) == sorted(shard0[0:3] + shard1[0:3])
+    assert list(dataset) == all_keys(2, 5)[3:6]  # and goes on with it

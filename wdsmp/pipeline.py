@@ -1,0 +1,218 @@
+"""DataPipeline: a source followed by iterator -> iterator stages, as an IterableDataset.
+
+The first stage is the source: an IterableDataset, a DataLoader, any
+iterable, or a callable returning an iterator. Every later stage is a
+callable taking the upstream iterator: a plain generator function, a curried
+stage (``wds.tarfile_to_samples()``), a ``functools.partial``. Lists of stages
+are flattened. The pipeline holds only its stages and a few numbers, so it
+pickles whenever its stages do, as spawned DataLoader workers need.
+
+NOTE [epoch iterator]: ``with_epoch(n)`` makes every ``__iter__`` yield
+exactly ``n`` items from one iterator kept between calls, restarting the
+stages whenever they run dry: successive epochs continue through the data
+rather than rereading its first ``n`` items. The kept iterator belongs to the
+process that made it: it is dropped on pickling and ignored after a fork, so
+a DataLoader worker starts its own. ``set_epoch`` drops it too, so that the
+new epoch's seeds take effect at once.
+"""
+
+import copy
+import os
+import sys
+import warnings
+from itertools import islice
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from .utils import PipelineStage
+
+__all__ = ["DataPipeline"]
+
+
+def _flatten(stages):
+    """Stages with None dropped and lists spliced in, one level deep (as webdataset)."""
+    for stage in stages:
+        if isinstance(stage, list):
+            yield from (s for s in stage if s is not None)
+        elif stage is not None:
+            yield stage
+
+
+def _is_source(stage):
+    return isinstance(stage, (IterableDataset, DataLoader, PipelineStage)) or callable(stage) \
+        or hasattr(stage, "__iter__")
+
+
+def _is_filter(stage):
+    return isinstance(stage, PipelineStage) or callable(stage)
+
+
+class DataPipeline(IterableDataset):
+    """A source and a series of stages, iterated like webdataset's ``DataPipeline``."""
+
+    def __init__(self, *args, **kw):
+        super().__init__()
+        self.pipeline = []
+        self.repetitions = 1
+        self.nsamples = -1
+        self._length = None
+        self._keep = False  # with_epoch mode, NOTE [epoch iterator]
+        self._source = None
+        self._source_pid = None
+        for stage in _flatten(args):
+            self.append(stage)
+
+    # -- building
+
+    def append(self, f):
+        """Add a stage at the end (modifies the pipeline)."""
+        where = len(self.pipeline)
+        if where == 0 and not _is_source(f):
+            raise ValueError(f"stage 0 ({f!r}) is not a source: it must be an IterableDataset, "
+                             f"an iterable or a callable returning an iterator")
+        if where > 0 and not _is_filter(f):
+            raise ValueError(f"stage {where} ({f!r}) is not callable: only the first stage may "
+                             f"be an iterable source; later stages take the upstream iterator")
+        self.pipeline.append(f)
+
+    def compose(self, *args):
+        """A copy of the pipeline with ``args`` appended; the original is unchanged."""
+        result = copy.copy(self)
+        result.pipeline = list(self.pipeline)
+        result._drop_source()
+        for stage in _flatten(args):
+            result.append(stage)
+        return result
+
+    def stage(self, i):
+        """Stage ``i`` (0 is the source)."""
+        return self.pipeline[i]
+
+    # -- running
+
+    def invoke(self, f, *args, **kw):
+        """Run one stage: a source with no arguments, a filter on the upstream iterator."""
+        if isinstance(f, (IterableDataset, DataLoader)) and not args:
+            return iter(f)
+        if isinstance(f, PipelineStage):
+            return f.run(*args, **kw)
+        if isinstance(f, list):
+            return iter(f)
+        if callable(f):
+            return f(*args, **kw)
+        if not args and hasattr(f, "__iter__"):
+            return iter(f)
+        raise ValueError(f"{f!r}: not a valid pipeline stage")
+
+    def iterator1(self):
+        """An iterator through one pass of the pipeline."""
+        if not self.pipeline:
+            raise ValueError("DataPipeline has no stages")
+        source = self.invoke(self.pipeline[0])
+        for step in self.pipeline[1:]:
+            source = self.invoke(step, source)
+        return source
+
+    def iterator(self):
+        """Passes through the pipeline, ``repetitions`` times; stops early at an empty pass."""
+        for _ in range(self.repetitions):
+            count = 0
+            for sample in self.iterator1():
+                count += 1
+                yield sample
+            if count == 0:
+                break
+
+    def _drop_source(self):
+        source, pid = self._source, self._source_pid
+        self._source = self._source_pid = None
+        if source is not None and pid == os.getpid():
+            source.close()  # runs the stages' cleanup (open shards); a fork's copy is left alone
+
+    def _kept(self):
+        """The iterator kept across epochs; see NOTE [epoch iterator]."""
+        if self._source is None or self._source_pid != os.getpid():
+            self._source = self.iterator()
+            self._source_pid = os.getpid()
+        return self._source
+
+    def _epoch(self, n):
+        """``n`` items from the kept iterator; fewer only if the data is empty."""
+        for _ in range(n):
+            source = self._kept()
+            try:
+                sample = next(source)
+            except StopIteration:
+                self._source = None
+                return
+            yield sample
+
+    def __iter__(self):
+        if self._keep:
+            if self.nsamples > 0:
+                return self._epoch(self.nsamples)
+            return self._kept()
+        if self.nsamples > 0:  # webdataset ignores it for repeat(1, n); wdsmp does not
+            return islice(self.iterator(), self.nsamples)
+        return self.iterator()
+
+    # -- epochs and lengths
+
+    def with_epoch(self, nsamples=-1, nbatches=-1):
+        """Make each epoch exactly ``max(nsamples, nbatches)`` items; see NOTE [epoch iterator]."""
+        self.repetitions = sys.maxsize
+        self.nsamples = max(nsamples, nbatches)
+        self._keep = True
+        self._drop_source()
+        return self
+
+    def repeat(self, nepochs=-1, nbatches=-1):
+        """Iterate ``nepochs`` passes (forever if not positive), at most ``nbatches`` items."""
+        self.repetitions = nepochs if nepochs > 0 else sys.maxsize
+        self.nsamples = nbatches
+        self._keep = False
+        self._drop_source()
+        return self
+
+    def with_length(self, n, silent=False):
+        """Make ``len()`` return ``n``, for training loops that insist on one.
+
+        It changes nothing about how many items an epoch yields. A plain
+        attribute, not webdataset's patched class, so the pipeline still pickles.
+        """
+        if not isinstance(n, int) or n < 0:
+            raise ValueError(f"length must be a non-negative int, not {n!r}")
+        if not silent:
+            warnings.warn(".with_length() only sets the value of __len__ for compatibility with "
+                          "some training environments; it does not change the number of samples "
+                          "in an epoch", UserWarning, stacklevel=2)
+        self._length = n
+        return self
+
+    def __len__(self):
+        if self._length is None:
+            raise TypeError("this DataPipeline has no length; set one with .with_length(n)")
+        return self._length
+
+    def __bool__(self):
+        return True  # never ask __len__, which may raise
+
+    def set_epoch(self, epoch):
+        """Tell every stage that has ``set_epoch`` the epoch; restart the kept iterator."""
+        for step in self.pipeline:
+            if hasattr(step, "set_epoch"):
+                step.set_epoch(epoch)
+        self._drop_source()
+
+    def close(self):
+        """Close the kept iterator and every stage that has ``close``; safe to call twice."""
+        self._drop_source()
+        for step in self.pipeline:
+            if hasattr(step, "close"):
+                step.close()
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_source"] = None  # a live generator: see NOTE [epoch iterator]
+        state["_source_pid"] = None
+        return state
