@@ -1,6 +1,5 @@
 """The tar splitter, native and pure-Python: formats, streams, and every kind of damage."""
 
-import gzip
 import io
 import tarfile
 

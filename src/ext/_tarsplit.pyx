@@ -19,7 +19,7 @@ from wdsmp import tarformat as _tf
 cdef enum:
     BLOCK = 512
 
-cdef long long MAX_SIZE = 1 << 56  # beyond any real member; keeps the arithmetic in range
+cdef long long MAX_SIZE = _tf.MAX_MEMBER_SIZE  # one limit for both splitters
 
 
 cdef long long _number(const unsigned char* p, int n) noexcept nogil:
