@@ -3,42 +3,489 @@
 A stage is written as a plain generator ``_stage(data, *args)`` and exposed as
 ``stage = pipelinefilter(_stage)``: ``stage(*args)`` returns a picklable
 callable that takes the upstream iterator. Workers are spawned, so stages must
-never be lambdas or closures.
+never be lambdas or closures. The names are those of ``webdataset.filters``;
+currying lives in :mod:`wdsmp._stages`, the stages that address fields by
+name in :mod:`wdsmp.fields`, collation and batching in :mod:`wdsmp.batching`;
+their public names are re-exported here. Stages that run user
+code take ``handler=`` and name the sample in their errors: NOTE [stage
+errors] in :mod:`wdsmp._stages`.
 """
 
-__all__ = ["Curried", "pipelinefilter"]
+import itertools
+import pickle
+import random
+import sys
+
+from ._stages import (
+    Curried,
+    FilterFunction,
+    RestCurried,
+    handled,
+    need_dict,
+    pipelinefilter,
+    sample_error,
+)
+from .batching import (
+    batched,
+    combine_values,
+    default_collation_fn,
+    dict2tuple,
+    tuple2dict,
+    unbatched,
+    unlisted,
+)
+from .fields import (
+    decode_bin,
+    decode_pickle,
+    decode_text,
+    default_decoders,
+    extract_keys,
+    find_decoder,
+    getfirst,
+    parse_field_spec,
+    rename,
+    rename_keys,
+    to_tuple,
+    transform_with,
+    xdecode,
+)
+from .handlers import reraise_exception
+from .utils import PipelineStage, identity, make_seed, pytorch_worker_info
+
+__all__ = [
+    "Cached",
+    "Curried",
+    "FilterFunction",
+    "LMDBCached",
+    "RestCurried",
+    "associate",
+    "batched",
+    "combine_values",
+    "compose",
+    "compose2",
+    "decode",
+    "decode_bin",
+    "decode_pickle",
+    "decode_text",
+    "default_collation_fn",
+    "default_decoders",
+    "detshuffle",
+    "dict2tuple",
+    "extract_keys",
+    "find_decoder",
+    "getfirst",
+    "identity",
+    "info",
+    "log_keys",
+    "map",
+    "map_dict",
+    "map_stream",
+    "map_tuple",
+    "parse_field_spec",
+    "pick",
+    "pipe",
+    "pipeline",
+    "pipelinefilter",
+    "rename",
+    "rename_keys",
+    "reraise_exception",
+    "rsample",
+    "select",
+    "shuffle",
+    "slice",
+    "to_tuple",
+    "transform_with",
+    "tuple2dict",
+    "unbatched",
+    "unlisted",
+    "xdecode",
+]
 
 
-class Curried:
-    """``f`` with every argument but the upstream iterator bound; picklable."""
-
-    def __init__(self, f, *args, **kw):
-        self.f = f
-        self.args = args
-        self.kw = kw
-
-    def __call__(self, data):
-        return self.f(data, *self.args, **self.kw)
-
-    def __repr__(self):
-        return f"<{self.f.__name__} {self.args} {self.kw}>"
+# -- composing
 
 
-class _StageFactory:
-    """What ``pipelinefilter`` returns: call it with a stage's arguments."""
+class _Composed:
+    """Functions applied left to right; a class, not a lambda, so that it pickles."""
 
-    def __init__(self, f):
-        self.f = f
-        self.__name__ = getattr(f, "__name__", "stage").lstrip("_")
-        self.__doc__ = f.__doc__
+    def __init__(self, fns):
+        self.fns = fns
 
-    def __call__(self, *args, **kw):
-        return Curried(self.f, *args, **kw)
-
-    def __repr__(self):
-        return f"<stage {self.__name__}>"
+    def __call__(self, x):
+        for f in self.fns:
+            x = f(x)
+        return x
 
 
-def pipelinefilter(f):
-    """Turn ``f(data, *args, **kw)`` into a stage constructor ``stage(*args, **kw)``."""
-    return _StageFactory(f)
+def compose(*fns):
+    """``compose(f, g, h)(x) == h(g(f(x)))``, picklable when the functions are."""
+    if not fns:
+        raise ValueError("compose needs at least one function")
+    return _Composed(fns)
+
+
+def compose2(f, g):
+    """``g(f(x))``."""
+    return _Composed((f, g))
+
+
+def pipeline(source, *stages):
+    """Run ``source`` through ``stages`` in order."""
+    return compose(*stages)(source) if stages else source
+
+
+def _pipe(data, f, *args, **kw):
+    """``f(data, *args, **kw)``: a whole-stream function as a stage."""
+    return f(data, *args, **kw)
+
+
+pipe = pipelinefilter(_pipe)
+map_stream = pipe  # the same stage under the name some pipelines use
+
+
+# -- looking at the stream
+
+
+def _info(data, fmt=None, n=3, every=-1, width=50, stream=None, name=""):
+    """Print the first ``n`` samples (and every ``every``-th) to ``stream`` (stderr)."""
+    for i, sample in enumerate(data):
+        if i < n or (every > 0 and (i + 1) % every == 0):
+            out = sys.stderr if stream is None else stream  # looked up late: it may be replaced
+            if fmt is not None:
+                text = fmt.format(**sample) if isinstance(sample, dict) else fmt.format(*sample)
+                print(text, file=out)
+            else:
+                print("---", name, file=out)
+                items = sample.items() if isinstance(sample, dict) else enumerate(sample)
+                for k, v in items:
+                    print(k, repr(v)[:width], file=out)
+        yield sample
+
+
+info = pipelinefilter(_info)
+
+
+def _log_keys(data, logfile=None):
+    """Append ``index, __worker__, __rank__, __key__`` of each sample to ``logfile``.
+
+    The file is locked per line, so that every worker can log to the same file.
+    """
+    if not logfile:
+        yield from data
+        return
+    import fcntl
+
+    with open(logfile, "a") as stream:
+        for i, sample in enumerate(data):
+            line = (f"{i}\t{sample.get('__worker__')}\t{sample.get('__rank__')}\t"
+                    f"{sample.get('__key__')}\n")
+            fcntl.flock(stream.fileno(), fcntl.LOCK_EX)
+            try:
+                stream.write(line)
+                stream.flush()
+            finally:
+                fcntl.flock(stream.fileno(), fcntl.LOCK_UN)
+            yield sample
+
+
+log_keys = pipelinefilter(_log_keys)
+
+
+# -- shuffling and sampling
+
+
+def pick(buf, rng):
+    """Remove and return a random item of ``buf`` in O(1) (the order of ``buf`` changes)."""
+    k = rng.randint(0, len(buf) - 1)
+    sample = buf[k]
+    buf[k] = buf[-1]
+    buf.pop()
+    return sample
+
+
+def _shuffle(data, bufsize=1000, initial=100, rng=None, seed=None, handler=None):
+    """Shuffle through a buffer of ``bufsize`` items.
+
+    The first item comes out once ``initial`` are buffered, so startup is quick;
+    until the buffer is full it takes two items for each one it gives. With
+    ``seed`` the order is the same on every run and differs between nodes and
+    workers (the seed is mixed with rank and worker here, at iteration time,
+    inside the worker); without ``seed`` or ``rng`` it differs on every run.
+    ``handler`` is accepted as webdataset does: shuffling runs no user code.
+    """
+    if seed is not None:
+        if rng is not None:
+            raise ValueError("shuffle takes rng or seed, not both")
+        rank, _, worker, _ = pytorch_worker_info()
+        rng = random.Random(make_seed(seed, rank, worker))
+    elif rng is None:
+        rng = random.Random()
+    initial = min(initial, bufsize)
+    source = iter(data)
+    buf = []
+    for sample in source:
+        buf.append(sample)
+        if len(buf) < bufsize:
+            buf.extend(itertools.islice(source, 1))
+        if len(buf) >= initial:
+            yield pick(buf, rng)
+    while buf:
+        yield pick(buf, rng)
+
+
+shuffle = pipelinefilter(_shuffle)
+
+
+class detshuffle(PipelineStage):
+    """A shuffle whose order follows from (seed, epoch, rank, worker).
+
+    With ``epoch=-1`` the epoch advances by one each time the stage is iterated
+    (0 first), as webdataset's does; ``set_epoch`` (or an ``epoch >= 0``) pins it,
+    which is what a pipeline with fresh DataLoader workers each epoch needs.
+    """
+
+    def __init__(self, bufsize=1000, initial=100, seed=0, epoch=-1):
+        self.bufsize = bufsize
+        self.initial = initial
+        self.seed = seed
+        self.epoch = epoch
+        self.advancing = epoch < 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+        self.advancing = False
+
+    def run(self, src):
+        if self.advancing:
+            self.epoch += 1
+        return _shuffle(src, self.bufsize, self.initial, seed=(self.seed, self.epoch))
+
+
+def _rsample(data, p=0.5):
+    """Keep each item with probability ``p``."""
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"rsample: p must be in [0, 1], not {p!r}")
+    for sample in data:
+        if random.random() < p:
+            yield sample
+
+
+rsample = pipelinefilter(_rsample)
+
+
+def _slice(data, *args):
+    """``itertools.islice(data, *args)``."""
+    return itertools.islice(data, *args)
+
+
+slice = pipelinefilter(_slice)
+
+
+# -- user functions
+
+
+def _select(data, predicate, handler=reraise_exception):
+    """Keep the items for which ``predicate(item)`` is true."""
+    for sample in data:
+        try:
+            keep = predicate(sample)
+        except Exception as exn:
+            if handled(exn, handler, "select", sample):
+                continue
+            break
+        if keep:
+            yield sample
+
+
+select = pipelinefilter(_select)
+
+
+def _map(data, f, handler=reraise_exception):
+    """``f(item)`` for each item; None drops it. A dict result keeps the sample's ``__key__``."""
+    for sample in data:
+        try:
+            result = f(sample)
+        except Exception as exn:
+            if handled(exn, handler, "map", sample):
+                continue
+            break
+        if result is None:
+            continue
+        if isinstance(sample, dict) and isinstance(result, dict):
+            result["__key__"] = sample.get("__key__")
+        yield result
+
+
+map = pipelinefilter(_map)
+
+
+def _map_dict(data, handler=reraise_exception, **kw):
+    """Replace ``sample[field]`` by ``kw[field](sample[field])``, in a copy of the sample."""
+    if not kw:
+        raise ValueError("map_dict needs at least one field=function")
+    for field, f in kw.items():
+        if not callable(f):
+            raise TypeError(f"map_dict: {field}={f!r} is not callable")
+    for sample in data:
+        field = None
+        try:
+            result = dict(need_dict("map_dict", sample))
+            for field, f in kw.items():
+                if field not in result:
+                    raise sample_error("map_dict", f"no field {field!r}", result)
+                result[field] = f(result[field])
+        except Exception as exn:
+            if handled(exn, handler, "map_dict", sample, field and f"field {field!r}"):
+                continue
+            break
+        yield result
+
+
+map_dict = pipelinefilter(_map_dict)
+
+
+def _map_tuple(data, *args, handler=reraise_exception):
+    """Replace ``sample[i]`` by ``args[i](sample[i])``; None leaves a value as it is."""
+    fns = [identity if f is None else f for f in args]
+    for i, f in enumerate(fns):
+        if not callable(f):
+            raise TypeError(f"map_tuple: function {i} ({f!r}) is not callable")
+    for sample in data:
+        i = None
+        try:
+            if not isinstance(sample, (list, tuple)):
+                raise TypeError(f"map_tuple needs tuple or list samples, "
+                                f"not {type(sample).__name__}")
+            result = list(sample)
+            for i, f in zip(range(len(result)), fns):
+                result[i] = f(result[i])
+        except Exception as exn:
+            where = None if i is None else f"position {i}"
+            if handled(exn, handler, "map_tuple", sample, where):
+                continue
+            break
+        yield tuple(result)
+
+
+map_tuple = pipelinefilter(_map_tuple)
+
+
+def _associate(data, associator, handler=reraise_exception):
+    """Add ``associator(key)`` (or ``associator.get(key, {})`` for a dict) to each sample."""
+    for sample in data:
+        try:
+            if "__key__" not in need_dict("associate", sample):
+                raise sample_error("associate", "no field '__key__'", sample)
+            key = sample["__key__"]
+            extra = associator(key) if callable(associator) else associator.get(key, {})
+            result = {**sample, **extra}
+        except Exception as exn:
+            if handled(exn, handler, "associate", sample):
+                continue
+            break
+        yield result
+
+
+associate = pipelinefilter(_associate)
+
+
+# -- decoding
+
+
+def _decode(data, *args, handler=reraise_exception, **kw):
+    """Decode each sample with ``wdsmp.autodecode.Decoder``.
+
+    ``args`` are handlers ``f(".ext", data)`` or image specs such as "rgb";
+    ``kw`` goes to the Decoder (``pre``, ``post``, ``only``, ``partial``,
+    ``unsafe``).
+    """
+    from . import autodecode  # late: keeps `import wdsmp` light, and free of cycles
+
+    decoder = autodecode.Decoder(list(args), **kw)
+    for sample in data:
+        try:
+            decoded = decoder.decode(need_dict("decode", sample))
+        except Exception as exn:
+            if handled(exn, handler, "decode", sample):
+                continue
+            break
+        yield decoded
+
+
+decode = pipelinefilter(_decode)
+
+
+# -- caching
+
+
+class Cached(PipelineStage):
+    """Keep what one complete pass yields in memory and replay it on later passes."""
+
+    def __init__(self):
+        super().__init__()
+        self.cached = None
+
+    def run(self, source):
+        if self.cached is not None:
+            yield from self.cached
+            return
+        samples = []
+        for sample in source:
+            samples.append(sample)
+            yield sample
+        self.cached = samples  # only a pass that ran to its end is kept
+
+
+class LMDBCached(PipelineStage):
+    """Keep what one complete pass yields in an LMDB database ``fname`` and replay it later.
+
+    The database is opened when first iterated, not here, so the stage can be
+    built in the main process and pickled to workers. ``pickler`` (default: the
+    pickle module) has ``dumps`` and ``loads``.
+    """
+
+    def __init__(self, fname, map_size=1e12, pickler=None, chunksize=500):
+        self.fname = fname
+        self.map_size = int(map_size)
+        self.pickler = pickler
+        self.chunksize = chunksize
+        self.db = None
+
+    def __getstate__(self):
+        return dict(self.__dict__, db=None)  # an open database belongs to its process
+
+    def _open(self):
+        if self.db is None:
+            try:
+                import lmdb
+            except ImportError as exn:
+                raise ImportError("LMDBCached needs the lmdb package (pip install lmdb)") from exn
+            self.db = lmdb.open(self.fname, readonly=False, map_size=self.map_size)
+        return self.db, self.pickler or pickle
+
+    def run(self, source):
+        db, pickler = self._open()
+        with db.begin(write=False) as txn:
+            complete = txn.get(b"_") is not None
+        if complete:
+            with db.begin(write=False) as txn:
+                for key, value in txn.cursor():
+                    if key != b"_":
+                        yield pickler.loads(value)
+            return
+        chunk = []
+        for i, sample in enumerate(source):
+            key = (isinstance(sample, dict) and sample.get("__key__")) or str(i)
+            chunk.append((key.encode(), pickler.dumps(sample)))
+            if len(chunk) >= self.chunksize:
+                self._put(db, chunk)
+                chunk = []
+            yield sample
+        chunk.append((b"_", b"1"))  # the mark of a complete pass
+        self._put(db, chunk)
+
+    @staticmethod
+    def _put(db, items):
+        with db.begin(write=True) as txn:
+            for key, value in items:
+                txn.put(key, value)

@@ -1,0 +1,142 @@
+"""Batching: samples to batches (collation) and back, as webdataset's filters do it.
+
+:mod:`wdsmp.filters` re-exports these names, where webdataset has them.
+
+``default_collation_fn`` follows webdataset 1.0.2 value for value: a field of
+Python ints/floats becomes a numpy array, of torch tensors a stacked tensor,
+of numpy arrays a stacked array, and anything else (strings, bytes, nested
+dicts, None) a list. Unlike webdataset it says which field and which shapes
+when the tensors of a field disagree, and it keeps the fields in order.
+"""
+
+import numpy as np
+import torch
+
+from ._stages import pipelinefilter
+
+__all__ = [
+    "batched",
+    "combine_values",
+    "default_collation_fn",
+    "dict2tuple",
+    "tuple2dict",
+    "unbatched",
+    "unlisted",
+]
+
+
+def _check_shapes(values, name):
+    shape = values[0].shape
+    for i, value in enumerate(values):
+        other = getattr(value, "shape", None)
+        if other != shape:
+            raise ValueError(f"cannot collate {name or 'values'}: sample 0 has shape "
+                             f"{tuple(shape)}, sample {i} has shape "
+                             f"{None if other is None else tuple(other)}")
+
+
+def combine_values(b, combine_tensors=True, combine_scalars=True, name=None):
+    """One batched value from the values ``b`` of one field; ``name`` is for messages."""
+    first = b[0]
+    if isinstance(first, (int, float)):  # bool and np.float64 too, as in webdataset
+        return np.array(list(b)) if combine_scalars else list(b)
+    if isinstance(first, torch.Tensor):
+        if not combine_tensors:
+            return list(b)
+        _check_shapes(b, name)
+        return torch.stack(list(b))
+    if isinstance(first, np.ndarray):
+        if not combine_tensors:
+            return list(b)
+        _check_shapes(b, name)
+        return np.stack(list(b))
+    return list(b)
+
+
+def tuple2dict(sample):
+    """A tuple/list as a dict keyed by position; a dict as it is."""
+    if isinstance(sample, dict):
+        return sample
+    return dict(enumerate(sample))
+
+
+def dict2tuple(d):
+    """The inverse of ``tuple2dict``."""
+    return tuple(d[i] for i in range(1 + max(d.keys())))
+
+
+def default_collation_fn(samples, combine_tensors=True, combine_scalars=True):
+    """A batch from a list of samples: a dict of fields for dicts, a tuple for tuples."""
+    if not samples:
+        raise ValueError("cannot collate an empty list of samples")
+    rows = [tuple2dict(x) for x in samples]
+    keys = list(rows[0])
+    for i, row in enumerate(rows):
+        if row.keys() != rows[0].keys():
+            what = "fields" if isinstance(samples[0], dict) else "positions"
+            raise ValueError(f"cannot collate samples with different {what}: sample 0 has "
+                             f"{keys}, sample {i} has {list(row)}")
+    is_dict = isinstance(samples[0], dict)
+    result = {}
+    for k in keys:
+        name = f"field {k!r}" if is_dict else f"position {k}"
+        result[k] = combine_values([row[k] for row in rows], combine_tensors, combine_scalars,
+                                   name)
+    return result if is_dict else dict2tuple(result)
+
+
+def _batched(data, batchsize=20, collation_fn=default_collation_fn, partial=True):
+    """Batches of ``batchsize`` samples, collated with ``collation_fn`` (None: lists).
+
+    A batch is handed on as soon as it is full; the last, shorter one only
+    with ``partial=True``.
+    """
+    if not isinstance(batchsize, int) or batchsize < 1:
+        raise ValueError(f"batchsize must be a positive int, not {batchsize!r}")
+    batch = []
+    for sample in data:
+        batch.append(sample)
+        if len(batch) == batchsize:
+            yield batch if collation_fn is None else collation_fn(batch)
+            batch = []
+    if batch and partial:
+        yield batch if collation_fn is None else collation_fn(batch)
+
+
+batched = pipelinefilter(_batched)
+
+
+
+def _unlisted(data):
+    """The samples of each list batch (the inverse of ``batched(collation_fn=None)``)."""
+    for batch in data:
+        if not isinstance(batch, list):
+            raise TypeError(f"unlisted needs list batches, not {type(batch).__name__}")
+        yield from batch
+
+
+unlisted = pipelinefilter(_unlisted)
+
+
+
+def _unbatched(data):
+    """The samples of each collated batch (the inverse of ``batched()``)."""
+    for batch in data:
+        if isinstance(batch, (list, tuple)):
+            if not batch:
+                raise ValueError("unbatched: a batch with no fields")
+            for i in range(len(batch[0])):
+                yield tuple(x[i] for x in batch)
+        elif isinstance(batch, dict):
+            lengths = {k: len(v) for k, v in batch.items()}
+            if len(set(lengths.values())) > 1:
+                raise ValueError(f"unbatched: fields of different lengths {lengths}")
+            for i in range(next(iter(lengths.values()), 0)):
+                yield {k: v[i] for k, v in batch.items()}
+        else:
+            raise ValueError(f"unbatched: unknown batch type {type(batch).__name__}")
+
+
+
+
+unbatched = pipelinefilter(_unbatched)
