@@ -6,6 +6,7 @@ import tarfile
 import pytest
 
 import wdsmp.native
+from tests.servers import _file_server, _moto_server, http_server, s3_server  # noqa: F401
 
 
 @pytest.fixture(params=["native", "python"])

@@ -57,3 +57,71 @@ def worker_num_workers():
 def wds_variable(name):
     """``WDS_<name>``, the value of ``${name}`` in a shard spec; None when unset."""
     return os.environ.get("WDS_" + name)
+
+
+def secure():
+    """``WDS_SECURE=1``: refuse ``pipe:`` URLs, local paths, ``file:`` URLs, ``-``, and unsafe decoders."""
+    return _flag("WDS_SECURE")
+
+
+def rewrite_rules():
+    """URL rewrite rules ``[(variable, regex, replacement), ...]``, in the order they are tried.
+
+    ``GOPEN_REWRITE`` (webdataset's name) comes first, then ``WDS_REWRITE`` (the
+    name a webdataset fork uses); each holds ``regex=replacement`` rules separated
+    by ``;``. An empty rule (a stray ``;``) is skipped; a rule without ``=`` is an error.
+    """
+    rules = []
+    for name in ("GOPEN_REWRITE", "WDS_REWRITE"):
+        value = os.environ.get(name, "")
+        for rule in value.split(";"):
+            if not rule.strip():
+                continue
+            if "=" not in rule:
+                raise ValueError(f"environment variable {name}={value!r}: rule {rule!r} is not regex=replacement")
+            pattern, replacement = rule.split("=", 1)
+            rules.append((name, pattern, replacement))
+    return rules
+
+
+def gopen_verbose():
+    """``GOPEN_VERBOSE=1``: report URL rewrites and AIS routing on stderr (webdataset's name)."""
+    return _flag("GOPEN_VERBOSE")
+
+
+def ais_schemes():
+    """``USE_AIS_FOR``: URL schemes read through AIStore, e.g. ``gs`` or ``gs:s3`` (``:``, ``,`` or spaces)."""
+    value = os.environ.get("USE_AIS_FOR", "")
+    return frozenset(s.lower() for s in value.replace(",", " ").replace(":", " ").split())
+
+
+def ais_endpoint():
+    """``AIS_ENDPOINT``: the AIStore gateway, ``http://host:port``; None when unset or empty."""
+    value = os.environ.get("AIS_ENDPOINT", "").strip()
+    return value.rstrip("/") or None
+
+
+def aws_environment():
+    """The ``AWS_*`` variables as sorted pairs: boto3 reads them itself, wdsmp keys its client cache on them."""
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
+
+
+def cache_dir():
+    """``WDS_CACHE``: the shard cache directory used when none is given; None when unset."""
+    return os.environ.get("WDS_CACHE") or None
+
+
+def cache_size():
+    """``WDS_CACHE_SIZE``: the shard cache's size cap in bytes; None when unset."""
+    value = os.environ.get("WDS_CACHE_SIZE")
+    if value is None or not value.strip():
+        return None
+    try:
+        return int(float(value))
+    except ValueError:
+        raise ValueError(f"environment variable WDS_CACHE_SIZE={value!r} is not a number") from None
+
+
+def verbose_cache():
+    """``WDS_VERBOSE_CACHE=1``: say what the shard cache does, on stderr."""
+    return _flag("WDS_VERBOSE_CACHE")

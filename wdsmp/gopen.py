@@ -3,7 +3,24 @@
 Local paths and ``file:`` URLs give ordinary ``io`` objects (a BufferedReader
 when reading, so a tar splitter can ``readinto`` a large buffer). Other schemes
 are looked up in :data:`gopen_schemes`, to which :func:`register_scheme` adds
-more (http, s3, gs, ais, ...) without touching this module.
+more without touching this module. Built in: ``http``/``https`` and ``s3``
+in-process (:mod:`wdsmp.remote`, :mod:`wdsmp.s3`: resumed reads, uploads on
+close), ``gs`` and ``ais`` through their command-line tools (``gsutil`` or
+``gcloud storage``; ``ais``), run from argument lists, never a shell.
+
+Each call, before dispatching, :func:`gopen`
+
+1. rewrites the URL by the first matching rule of ``GOPEN_REWRITE``, then
+   ``WDS_REWRITE`` (``regex=replacement;...``; the regex is anchored at the
+   start of the URL, as in webdataset), so ``WDS_REWRITE="gs://=/shared/data/"``
+   reads a local mirror; errors name both URLs;
+2. routes the schemes listed in ``USE_AIS_FOR`` (``gs``, ``gs:s3``) through
+   AIStore, as ``ais://`` always is: over its HTTP API when ``AIS_ENDPOINT`` is
+   set (``GET {AIS_ENDPOINT}/v1/objects/{bucket}/{object}?provider=gcp``), else
+   with the ``ais`` command;
+3. in secure mode (``WDS_SECURE=1``, or ``secure=True`` for one call; an
+   argument cannot turn the variable off) refuses, after rewriting, everything
+   that reaches the local machine: plain paths, ``file:``, ``pipe:`` and ``-``.
 
 NOTE [pipe status]: a ``pipe:`` command that fails must be an error, never an
 empty or short shard. Reading, the command's status is checked by the read that
@@ -18,23 +35,32 @@ the process, so none is left a zombie.
 import io
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
+from . import _env
 from .errors import PipeError, ShardError
 
 __all__ = [
     "Pipe",
+    "ais_object_url",
     "gopen",
+    "gopen_ais",
     "gopen_error",
     "gopen_file",
+    "gopen_gsutil",
+    "gopen_http",
     "gopen_pipe",
+    "gopen_s3",
     "gopen_schemes",
     "local_path",
     "reader",
     "register_scheme",
+    "rewrite_url",
 ]
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
@@ -49,23 +75,27 @@ def _check_mode(mode):
 
 
 class Pipe(io.RawIOBase):
-    """A shell command's stdout ("rb") or stdin ("wb") as a binary file; see NOTE [pipe status].
+    """A command's stdout ("rb") or stdin ("wb") as a binary file; see NOTE [pipe status].
 
-    ``timeout`` bounds the wait for the command once its output has ended
-    (reading) or its input is closed (writing); past it the command is killed
-    and PipeError raised. Statuses in ``ignore_status`` count as success, and
-    ``ignore_errors=True`` accepts any status, as in webdataset. Other keyword
-    arguments go to ``subprocess.Popen``; ``shell=True`` is the default, since
-    a ``pipe:`` URL is a shell command line.
+    ``command`` is a shell command line (a string, run with ``shell=True``, as a
+    ``pipe:`` URL is) or an argument list (run without a shell, so nothing in
+    it is interpreted). ``timeout`` bounds the wait for the command once its
+    output has ended (reading) or its input is closed (writing); past it the
+    command is killed and PipeError raised. Statuses in ``ignore_status`` count
+    as success, and ``ignore_errors=True`` accepts any status, as in webdataset.
+    ``url`` names the shard in errors (default ``pipe:<command>``). Other keyword
+    arguments go to ``subprocess.Popen``.
     """
 
     proc = _stderr = None  # class defaults: close() runs from __del__ even if __init__ failed
+    origin = None  # the caller's URL, when gopen rewrote it into this command
 
     def __init__(self, command, mode="rb", bufsize=8192, timeout=3600.0,
-                 ignore_status=(), ignore_errors=False, **popen_kw):
+                 ignore_status=(), ignore_errors=False, url=None, **popen_kw):
         super().__init__()
-        self.command = command
-        self.url = f"pipe:{command}"
+        argv = not isinstance(command, str)
+        self.command = shlex.join(command) if argv else command
+        self.url = url or f"pipe:{self.command}"
         self.mode = mode
         _check_mode(mode)
         self.timeout = timeout
@@ -73,11 +103,11 @@ class Pipe(io.RawIOBase):
         self.ignore_errors = ignore_errors
         self.status = None
         self._stderr = tempfile.TemporaryFile()  # a file, not a pipe: it cannot fill up and deadlock
-        popen_kw.setdefault("shell", True)
+        popen_kw.setdefault("shell", not argv)
         stdio = dict(stdout=subprocess.PIPE) if mode == "rb" else dict(stdin=subprocess.PIPE)
         try:
             # bufsize > 1 keeps a BufferedReader/Writer, whose short read means end of file.
-            self.proc = subprocess.Popen(command, bufsize=bufsize if bufsize > 1 else -1,
+            self.proc = subprocess.Popen(list(command) if argv else command, bufsize=bufsize if bufsize > 1 else -1,
                                          stderr=self._stderr, **stdio, **popen_kw)
         except OSError as exn:
             self._stderr.close()
@@ -187,12 +217,15 @@ class Pipe(io.RawIOBase):
             self.proc.kill()
             self.status = self.proc.wait()
             note = f"\n(killed: still running {self.timeout}s after its stream ended)"
-            raise PipeError(self.command, self.status, self._stderr_tail() + note) from exn
+            raise PipeError(self._described(), self.status, self._stderr_tail() + note) from exn
 
     def _check_status(self, cause=None):
         if self.ignore_errors or self.status in self.ignore_status:
             return
-        raise PipeError(self.command, self.status, self._stderr_tail()) from cause
+        raise PipeError(self._described(), self.status, self._stderr_tail()) from cause
+
+    def _described(self):
+        return self.command if self.origin is None else f"{self.command} (for {self.origin})"
 
     def _stderr_tail(self):
         if self._stderr is None or self._stderr.closed:
@@ -299,16 +332,103 @@ def gopen_pipe(url, mode="rb", bufsize=8192, timeout=3600.0, ignore_status=(),
                 ignore_status=ignore_status, ignore_errors=ignore_errors)
 
 
+def gopen_http(url, mode="rb", bufsize=8192, **kw):
+    """``http://`` and ``https://`` in-process: reads resume where they broke, writes PUT on close.
+
+    Keywords: ``connect_timeout``, ``read_timeout``, ``retries``, ``backoff``,
+    ``max_backoff`` (see :class:`wdsmp.remote.RemoteOptions`) and ``headers``.
+    """
+    from .remote import open_http
+
+    return open_http(url, mode, bufsize, **kw)
+
+
+def gopen_s3(url, mode="rb", bufsize=8192, **kw):
+    """``s3://bucket/key`` with boto3 (configured by the standard AWS variables); as :func:`gopen_http`."""
+    from .s3 import open_s3
+
+    return open_s3(url, mode, bufsize, **kw)
+
+
+# The command-line tools of the gs and ais schemes: argument lists, "{url}" marks the URL's place.
+_TOOLS = {
+    "gs": {"rb": (("gsutil", "cat", "{url}"), ("gcloud", "storage", "cat", "{url}")),
+           "wb": (("gsutil", "cp", "-", "{url}"), ("gcloud", "storage", "cp", "-", "{url}"))},
+    "ais": {"rb": (("ais", "get", "{url}", "-"),),
+            "wb": (("ais", "put", "-", "{url}"),)},
+}
+_TOOL_HINTS = {
+    "gs": "install the Google Cloud SDK, or set USE_AIS_FOR=gs and AIS_ENDPOINT to read through AIStore",
+    "ais": "install the AIStore CLI, or set AIS_ENDPOINT to use AIStore's HTTP API",
+}
+
+
+def _tool_pipe(tool, url, mode, bufsize, timeout):
+    """Run the first of the tool's commands found on PATH, as a Pipe (NOTE [pipe status])."""
+    _check_mode(mode)
+    templates = _TOOLS[tool][mode]
+    for template in templates:
+        if shutil.which(template[0]):
+            argv = [url if part == "{url}" else part for part in template]
+            return Pipe(argv, mode=mode, bufsize=bufsize, timeout=timeout, url=url)
+    names = " or ".join(repr(t[0]) for t in templates)
+    raise ShardError(f"command-line tool {names} not found on PATH ({_TOOL_HINTS[tool]})", url=url)
+
+
+def gopen_gsutil(url, mode="rb", bufsize=8192, timeout=3600.0, **kw):
+    """``gs://`` with ``gsutil cat`` / ``gsutil cp - URL`` (or ``gcloud storage`` when gsutil is absent)."""
+    return _tool_pipe("gs", url, mode, bufsize, timeout)
+
+
+# AIStore's provider names for URL schemes (it also knows the gs/s3/az aliases; be explicit).
+_AIS_PROVIDERS = {"gs": "gcp", "gcp": "gcp", "s3": "aws", "aws": "aws", "az": "azure", "azure": "azure",
+                  "ais": "ais", "oci": "oci"}
+
+
+def ais_object_url(endpoint, url):
+    """The AIStore HTTP API URL of ``scheme://bucket/object``: ``{endpoint}/v1/objects/{bucket}/{object}?provider=...``."""
+    scheme, sep, rest = url.partition("://")
+    bucket, _, name = rest.partition("/")
+    if not sep or not bucket or not name:
+        raise ShardError("an AIStore object URL needs a bucket and an object: scheme://bucket/object", url=url)
+    provider = _AIS_PROVIDERS.get(scheme.lower(), scheme.lower())
+    return f"{endpoint}/v1/objects/{quote(bucket, safe='')}/{quote(name)}?provider={provider}"
+
+
+def gopen_ais(url, mode="rb", bufsize=8192, timeout=3600.0, **kw):
+    """``ais://`` (and the schemes of ``USE_AIS_FOR``) through AIStore.
+
+    With ``AIS_ENDPOINT`` set, in-process over AIStore's HTTP API (as
+    :func:`gopen_http`, redirects to storage targets followed); otherwise with
+    ``ais get URL -`` / ``ais put - URL``.
+    """
+    endpoint = _env.ais_endpoint()
+    if endpoint is None:
+        return _tool_pipe("ais", url, mode, bufsize, timeout)
+    from .remote import open_http
+
+    return open_http(ais_object_url(endpoint, url), mode, bufsize, origin=url, **kw)
+
+
 def gopen_error(url, mode="rb", bufsize=8192, **kw):
     """The opener of last resort: say which schemes there are."""
     match = _SCHEME.match(url)
     scheme = match.group(1) if match else url
-    known = ", ".join(sorted(s for s in gopen_schemes if not s.startswith("__")))
+    known = ", ".join(s for s in gopen_schemes if not s.startswith("__"))
     raise ShardError(f"no opener for URL scheme {scheme!r} (known schemes: {known}; "
                      f"add one with wdsmp.gopen.register_scheme)", url=url)
 
 
-gopen_schemes = {"__default__": gopen_error, "file": gopen_file, "pipe": gopen_pipe}
+gopen_schemes = {
+    "__default__": gopen_error,
+    "file": gopen_file,
+    "pipe": gopen_pipe,
+    "http": gopen_http,
+    "https": gopen_http,
+    "s3": gopen_s3,
+    "gs": gopen_gsutil,
+    "ais": gopen_ais,
+}
 
 
 def register_scheme(scheme, opener):
@@ -323,22 +443,72 @@ def register_scheme(scheme, opener):
     return previous
 
 
-def gopen(url, mode="rb", bufsize=8192, **kw):
+def rewrite_url(url):
+    """``url`` after the first ``GOPEN_REWRITE`` / ``WDS_REWRITE`` rule whose regex matches its start."""
+    for variable, pattern, replacement in _env.rewrite_rules():
+        try:
+            match = re.match(pattern, url)
+            if match is not None:
+                return match.expand(replacement) + url[match.end():]
+        except re.error as exn:
+            raise ValueError(f"environment variable {variable}: bad rule {pattern!r}={replacement!r}: {exn}") from exn
+    return url
+
+
+def _refuse_if_insecure(url, secure):
+    """Secure mode refuses what reaches the local machine: paths, file:, pipe:, ``-``."""
+    cause = "secure=True" if secure else "WDS_SECURE=1" if _env.secure() else None
+    if cause is None:
+        return
+    if url == "-":
+        what = "standard input and output ('-') are"
+    elif local_path(url) is not None:
+        what = "local files are"
+    elif url.lower().startswith("pipe:"):
+        what = "pipe: URLs (shell commands) are"
+    else:
+        return
+    raise ShardError(f"{what} refused in secure mode (set by {cause})", url=url)
+
+
+def _opener(url):
+    match = _SCHEME.match(url)
+    if match is None:
+        return gopen_file
+    scheme = match.group(1).lower()
+    if scheme in _env.ais_schemes():
+        return gopen_ais
+    return gopen_schemes.get(scheme) or gopen_schemes.get("__default__", gopen_error)
+
+
+def gopen(url, mode="rb", bufsize=8192, *, secure=False, **kw):
     """Open ``url`` for reading ("rb") or writing ("wb") as a binary stream.
 
     ``-`` is stdin or stdout (closing the stream leaves them open); a path
     without a scheme is a local file; ``scheme:...`` goes to the opener in
-    :data:`gopen_schemes`, which receives ``kw``.
+    :data:`gopen_schemes`, which receives ``kw``. URLs are rewritten, routed
+    through AIStore and checked for secure mode first, as the module says;
+    ``secure=True`` turns secure mode on for this call.
     """
     _check_mode(mode)
-    url = _as_url(url)
-    if url == "-":
-        return _standard_stream(mode)
-    match = _SCHEME.match(url)
-    if match is None:
-        return gopen_file(url, mode, bufsize, **kw)
-    opener = gopen_schemes.get(match.group(1).lower()) or gopen_schemes.get("__default__", gopen_error)
-    return opener(url, mode, bufsize, **kw)
+    given = _as_url(url)
+    url = rewrite_url(given) if isinstance(given, str) else given
+    if _env.gopen_verbose():
+        print(f"# gopen {given!r}" + (f" -> {url!r}" if url != given else ""), file=sys.stderr)
+    try:
+        _refuse_if_insecure(url, secure)
+        if url == "-":
+            return _standard_stream(mode)
+        stream = _opener(url)(url, mode, bufsize, **kw)
+    except ShardError as exn:
+        if url == given:
+            raise
+        raise ShardError(f"{exn.problem}; URL rewritten from {given!r}", exn.url, exn.member, exn.offset) from exn
+    if url != given:
+        raw = getattr(stream, "raw", stream)
+        if hasattr(raw, "origin"):
+            raw.origin = given
+    return stream
 
 
 def reader(url, **kw):

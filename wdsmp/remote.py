@@ -1,0 +1,499 @@
+"""Remote objects as streams: ``http://`` and ``https://`` in-process, and the
+resume and upload machinery that :mod:`wdsmp.s3` shares.
+
+Reading, a :class:`ResumableReader` streams one object from start to end and
+survives a dropped connection, a stalled server or a 5xx reply by asking again
+for the bytes it has not yet delivered (NOTE [resume protocol]); it delivers
+exactly the object's bytes or raises :class:`~wdsmp.errors.ShardError`, never a
+short shard. Writing, a :class:`SpooledUpload` collects the bytes in a spool
+(memory, then a temporary file) and uploads them on ``close()``, so a failed
+upload can be retried from the start and nothing half-written appears remotely.
+
+HTTP goes through urllib3 (already a dependency of botocore), never a shell.
+
+NOTE [resume protocol]: a reader knows ``pos``, the bytes it has delivered
+(bytes of a read that failed midway were never delivered, and are asked for
+again), and, from the first reply, the object's ``size`` (Content-Length of a 200, or
+the total of a 206's Content-Range) and its ETag. After a transient failure
+(connection reset or refused, read or connect timeout, a body that ends before
+its Content-Length, HTTP 408, 429 or 5xx but 501/505) it waits, doubling the
+delay from ``backoff`` up to ``max_backoff`` (with jitter, and at least a
+server's Retry-After up to ``max_backoff``), and asks for ``Range: bytes=pos-``.
+The reply must be a 206 whose Content-Range starts at ``pos`` and whose total
+and ETag match the first reply's; a changed size or ETag is an error (the object
+was replaced while being read). A server that ignores Range and answers 200 with
+the whole object is accepted when its size and ETag match: the first ``pos``
+bytes are read and discarded (slow, but correct). ``retries`` bounds the
+failures in a row; every delivered byte resets the count, so a long object over
+a flaky link still finishes while a dead server fails after ``retries`` waits.
+End of data is only accepted at ``size`` (or, when no size was given, at the
+server's clean end of the body).
+"""
+
+import io
+import os
+import random
+import re
+import tempfile
+import time
+from dataclasses import dataclass, fields
+from urllib.parse import urljoin, urlsplit
+
+from .errors import ShardError
+
+__all__ = [
+    "HTTPReader",
+    "HTTPWriter",
+    "RemoteOptions",
+    "Reply",
+    "ResumableReader",
+    "SpooledUpload",
+    "Transient",
+    "buffered_reader",
+    "open_http",
+]
+
+_READ_BUFFER = 1 << 20  # a BufferedReader this large hands big readinto() calls straight to the stream
+_SPOOL_MEMORY = 16 << 20  # upload bytes kept in memory before the spool moves to a temporary file
+_SKIP_CHUNK = 1 << 20
+_REDIRECTS = 10
+_EXCERPT = 300  # characters of an error reply's body quoted in the message
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
+_REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+_CROSS_HOST_DROPPED = ("authorization", "cookie", "proxy-authorization")
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """Timeouts (seconds) and retry policy of one remote stream; NOTE [resume protocol].
+
+    ``gopen(url, **kw)`` builds one from the keywords named here and ignores the
+    others (they belong to other schemes, as ``ignore_status`` to ``pipe:``).
+    """
+
+    connect_timeout: float = 10.0
+    read_timeout: float = 60.0
+    retries: int = 5
+    backoff: float = 0.5
+    max_backoff: float = 30.0
+
+    def __post_init__(self):
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"{field.name} must be a number >= 0, not {value!r}")
+        if not isinstance(self.retries, int):
+            raise ValueError(f"retries must be an integer, not {self.retries!r}")
+        if self.connect_timeout == 0 or self.read_timeout == 0:
+            raise ValueError("connect_timeout and read_timeout must be > 0")
+
+    @classmethod
+    def from_kw(cls, kw):
+        """The options among ``kw`` (a gopen keyword dict); the rest is ignored."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in kw.items() if k in names})
+
+    def delay(self, failures, retry_after=None):
+        """Seconds to wait after ``failures`` failures in a row (1, 2, ...)."""
+        delay = min(self.max_backoff, self.backoff * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, self.max_backoff))
+        return delay
+
+
+class Transient(Exception):
+    """A failure worth retrying (NOTE [resume protocol]); ``retry_after`` is the server's hint."""
+
+    def __init__(self, message, retry_after=None):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+@dataclass
+class Reply:
+    """What a stream needs of a GET reply: the body and the headers NOTE [resume protocol] checks."""
+
+    body: object
+    status: int
+    length: int = None  # Content-Length of this reply
+    content_range: str = None
+    etag: str = None
+
+
+def _located(url, origin):
+    return url if origin is None or origin == url else f"{url} (from {origin})"
+
+
+def buffered_reader(raw, bufsize=8192):
+    """``raw`` behind a BufferedReader of at least 1 MiB: ``readinto1`` of a large buffer goes straight through."""
+    return io.BufferedReader(raw, max(bufsize, _READ_BUFFER))
+
+
+class ResumableReader(io.RawIOBase):
+    """One remote object read start to end, resumed after failures; NOTE [resume protocol].
+
+    Subclasses implement ``_get(offset)`` (a :class:`Reply`, or raise
+    :class:`Transient` or ShardError), ``_read(body, view)`` and ``_drop(body)``.
+    ``origin`` is the URL the caller gave, when gopen rewrote or routed it.
+    """
+
+    _body = None  # class default: close() runs from __del__ even if __init__ failed
+
+    def __init__(self, url, options=None, origin=None):
+        super().__init__()
+        self.url = url
+        self.origin = origin
+        self.options = options or RemoteOptions()
+        self.pos = 0
+        self.size = None
+        self.etag = None
+        self._done = False
+        self._failures = 0
+        self._connect()  # open now, so that a missing object fails in gopen(), not at the first read
+
+    def readable(self):
+        return True
+
+    def tell(self):
+        self._checkClosed()
+        return self.pos
+
+    @property
+    def where(self):
+        """The URL for error messages: the one requested, and the caller's if gopen rewrote it."""
+        return _located(self.url, self.origin)
+
+    def _error(self, problem):
+        return ShardError(problem, url=self.where)
+
+    def readinto(self, b):
+        self._checkClosed()
+        view = memoryview(b).cast("B")
+        if not len(view):
+            return 0
+        while not self._done:
+            if self._body is None:
+                if self.size is not None and self.pos >= self.size:
+                    break  # it broke after the last byte: nothing left to ask for
+                self._connect()
+            try:
+                n = self._read(self._body, view)
+            except Transient as exn:
+                self._release()
+                self._wait(exn)
+                continue
+            if n:
+                self.pos += n
+                self._failures = 0
+                return n
+            self._release()
+            if self.size is None or self.pos == self.size:
+                self._done = True
+            else:
+                self._wait(Transient(f"body ended after {self.pos} of {self.size} bytes"))
+        return 0
+
+    def close(self):
+        if not self.closed:
+            self._release()
+        super().close()
+
+    def _release(self):
+        body, self._body = self._body, None
+        if body is not None:
+            self._drop(body)
+
+    def _wait(self, exn):
+        """Count a failure, then sleep before the next try or give up (NOTE [resume protocol])."""
+        self._failures += 1
+        if self._failures > self.options.retries:
+            at = f" at byte {self.pos} of {self.size}" if self.size is not None else ""
+            raise self._error(f"{exn}{at}; gave up after {self.options.retries} retries") from exn
+        time.sleep(self.options.delay(self._failures, exn.retry_after))
+
+    def _connect(self):
+        while True:
+            try:
+                reply = self._get(self.pos)
+            except Transient as exn:
+                self._wait(exn)
+                continue
+            self._body = reply.body
+            try:
+                self._accept(reply)
+                return
+            except Transient as exn:
+                self._release()
+                self._wait(exn)
+            except BaseException:
+                self._release()
+                raise
+
+    def _accept(self, reply):
+        """Check a reply against what is known of the object (NOTE [resume protocol])."""
+        offset, skip = self.pos, 0
+        if reply.status == 206:
+            match = _CONTENT_RANGE.fullmatch((reply.content_range or "").strip())
+            if match is None or int(match.group(1)) != offset:
+                raise self._error(f"asked for bytes {offset}- and got status 206 with "
+                                  f"Content-Range {reply.content_range!r}")
+            total = None if match.group(3) == "*" else int(match.group(3))
+        elif reply.status == 200:
+            total, skip = reply.length, offset  # a 200 after a Range request ignored it: skip ahead
+        else:
+            raise self._error(f"unexpected status {reply.status}")
+        if self.size is not None and total is not None and total != self.size:
+            raise self._error(f"object changed while being read: size was {self.size}, now {total}")
+        if self.etag is not None and reply.etag is not None and reply.etag != self.etag:
+            raise self._error(f"object changed while being read: ETag was {self.etag}, now {reply.etag}")
+        if offset and skip and self.size is None and self.etag is None:
+            raise self._error("server ignored Range and the object has neither size nor ETag "
+                              "to tell it is the same one: cannot resume")
+        self.size = total if total is not None else self.size
+        self.etag = reply.etag if reply.etag is not None else self.etag
+        self._skip(skip)
+
+    def _skip(self, count):
+        view = memoryview(bytearray(min(count, _SKIP_CHUNK))) if count else None
+        while count:
+            n = self._read(self._body, view[:min(count, len(view))])
+            if not n:
+                raise Transient(f"body ended while skipping to byte {self.pos}")
+            count -= n
+
+    def _get(self, offset):
+        raise NotImplementedError
+
+    def _read(self, body, view):
+        raise NotImplementedError
+
+    def _drop(self, body):
+        raise NotImplementedError
+
+
+class SpooledUpload(io.RawIOBase):
+    """Bytes written are spooled, then uploaded by ``close()`` with retries.
+
+    Only an explicit ``close()`` (or leaving a ``with`` block normally) uploads:
+    leaving it by an exception, calling :meth:`abort`, or dropping the object
+    unclosed discards the spool, so an abandoned shard never appears remotely.
+    Subclasses implement ``_upload(spool, size)``, which raises
+    :class:`Transient` for a failure worth retrying.
+    """
+
+    _spool = None
+
+    def __init__(self, url, options=None, origin=None):
+        super().__init__()
+        self.url = url
+        self.origin = origin
+        self.options = options or RemoteOptions()
+        self._spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_MEMORY)
+
+    @property
+    def where(self):
+        """The URL for error messages: the one requested, and the caller's if gopen rewrote it."""
+        return _located(self.url, self.origin)
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        self._checkClosed()
+        return self._spool.write(b)
+
+    def abort(self):
+        """Discard what was written; nothing is uploaded. Idempotent."""
+        if not self.closed:
+            if self._spool is not None:
+                self._spool.close()
+            super().close()
+
+    def __del__(self):
+        self.abort()  # no network traffic from a finalizer, and no upload nobody asked for
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is not None:
+            self.abort()
+        else:
+            self.close()
+
+    def close(self):
+        """Upload what was written; raises ShardError if that fails. Idempotent."""
+        if self.closed or self._spool is None:  # the second: __init__ failed, nothing to upload
+            self.abort()
+            return
+        try:
+            size = self._spool.tell()
+            for failures in range(1, self.options.retries + 2):
+                self._spool.seek(0)
+                try:
+                    self._upload(self._spool, size)
+                    return
+                except Transient as exn:
+                    if failures > self.options.retries:
+                        raise ShardError(f"upload failed: {exn}; gave up after {self.options.retries} retries",
+                                         url=self.where) from exn
+                    time.sleep(self.options.delay(failures, exn.retry_after))
+        finally:
+            self._spool.close()
+            super().close()
+
+    def _upload(self, spool, size):
+        raise NotImplementedError
+
+
+# HTTP
+
+
+_pool = None  # (pid, urllib3.PoolManager): connections are never shared across a fork
+
+
+def _urllib3():
+    try:
+        import urllib3
+    except ImportError as exn:
+        raise ImportError("http:// and https:// URLs need urllib3: pip install urllib3") from exn
+    return urllib3
+
+
+def _pool_manager():
+    global _pool
+    pid = os.getpid()
+    if _pool is None or _pool[0] != pid:
+        _pool = (pid, _urllib3().PoolManager(num_pools=32, maxsize=16))
+    return _pool[1]
+
+
+def _retry_after(headers):
+    value = headers.get("Retry-After", "").strip()
+    return float(value) if value.isdigit() else None
+
+
+def _transient_status(status):
+    return status in (408, 429) or (status >= 500 and status not in (501, 505))
+
+
+def _excerpt(response):
+    """The start of an error reply's body, for the message; the connection is then let go."""
+    try:
+        text = response.read(_EXCERPT, decode_content=True).decode("utf-8", "replace").strip()
+    except Exception:  # noqa: BLE001 - the status is the error; the body is a courtesy
+        text = ""
+    finally:
+        response.close()
+        response.release_conn()
+    return f": {' '.join(text.split())}" if text else ""
+
+
+def _status_error(method, response):
+    return f"{method} failed: HTTP {response.status} {response.reason or ''}".rstrip() + _excerpt(response)
+
+
+def _send(method, url, headers, body, options, where):
+    """One HTTP exchange, following redirects; connection failures become :class:`Transient`.
+
+    ``where`` names the shard in a ShardError. The body (a seekable file) is
+    rewound for each request, so a 307 redirect resends it (AIStore's gateway
+    redirects a PUT to a storage target).
+    """
+    urllib3 = _urllib3()
+    errors = urllib3.exceptions
+    timeout = urllib3.Timeout(connect=options.connect_timeout, read=options.read_timeout)
+    headers = dict(headers)
+    for _ in range(_REDIRECTS + 1):
+        if body is not None:
+            body.seek(0)
+        try:
+            response = _pool_manager().urlopen(method, url, body=body, headers=headers, redirect=False,
+                                               retries=False, preload_content=False,
+                                               decode_content=False, timeout=timeout)
+        except (errors.ProtocolError, errors.TimeoutError, errors.NewConnectionError, ConnectionError,
+                TimeoutError) as exn:
+            raise Transient(f"{method} failed: {exn}") from exn
+        except (errors.HTTPError, OSError) as exn:
+            raise ShardError(f"{method} failed: {exn}", url=where) from exn
+        location = response.headers.get("Location")
+        if response.status not in _REDIRECT_STATUSES or not location:
+            return response
+        response.drain_conn()
+        response.release_conn()
+        target = urljoin(url, location)
+        if urlsplit(target)[:2] != urlsplit(url)[:2]:
+            headers = {k: v for k, v in headers.items() if k.lower() not in _CROSS_HOST_DROPPED}
+        url = target
+    raise ShardError(f"{method} failed: more than {_REDIRECTS} redirects, the last to {url}", url=where)
+
+
+class HTTPReader(ResumableReader):
+    """An HTTP(S) object streamed with urllib3; NOTE [resume protocol].
+
+    ``headers`` are sent with every request (and dropped, as urllib3 does, for
+    credentials when a redirect leaves the host). Bytes are delivered as stored:
+    ``Accept-Encoding: identity`` is asked for and no Content-Encoding is undone.
+    """
+
+    def __init__(self, url, options=None, headers=None, origin=None):
+        self.headers = dict(headers or {})
+        super().__init__(url, options, origin)
+
+    def _get(self, offset):
+        headers = dict(self.headers, **{"Accept-Encoding": "identity"})
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+        response = _send("GET", self.url, headers, None, self.options, self.where)
+        if response.status in (200, 206):
+            length = response.headers.get("Content-Length")
+            return Reply(response, response.status, int(length) if length and length.isdigit() else None,
+                         response.headers.get("Content-Range"), response.headers.get("ETag"))
+        retry_after = _retry_after(response.headers)
+        message = _status_error("GET", response)
+        if _transient_status(response.status):
+            raise Transient(message, retry_after)
+        raise self._error(message)
+
+    def _read(self, body, view):
+        errors = _urllib3().exceptions
+        try:
+            return body.readinto(view)
+        except (errors.HTTPError, OSError) as exn:
+            raise Transient(f"GET failed: {exn}") from exn
+
+    def _drop(self, body):
+        body.close()  # an unfinished body's connection cannot be reused
+        body.release_conn()
+
+
+class HTTPWriter(SpooledUpload):
+    """Bytes written are PUT to ``url`` on ``close()`` (with Content-Length, retried on failure)."""
+
+    def __init__(self, url, options=None, headers=None, origin=None):
+        self.headers = dict(headers or {})
+        super().__init__(url, options, origin)
+
+    def _upload(self, spool, size):
+        headers = dict(self.headers, **{"Content-Length": str(size)})
+        response = _send("PUT", self.url, headers, spool, self.options, self.where)
+        if 200 <= response.status < 300:
+            response.drain_conn()
+            response.release_conn()
+            return
+        retry_after = _retry_after(response.headers)
+        message = _status_error("PUT", response)
+        if _transient_status(response.status):
+            raise Transient(message, retry_after)
+        raise ShardError(message, url=self.where)
+
+
+def open_http(url, mode="rb", bufsize=8192, headers=None, origin=None, **kw):
+    """Open an http(s) URL: a BufferedReader over an :class:`HTTPReader`, or an :class:`HTTPWriter`.
+
+    Keywords of :class:`RemoteOptions` set timeouts and retries; ``headers`` are
+    sent with each request; other keywords are ignored.
+    """
+    options = RemoteOptions.from_kw(kw)
+    if mode == "rb":
+        return buffered_reader(HTTPReader(url, options, headers, origin), bufsize)
+    if mode == "wb":
+        return HTTPWriter(url, options, headers, origin)
+    raise ValueError(f"mode must be 'rb' or 'wb', not {mode!r}")
