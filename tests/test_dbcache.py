@@ -1,0 +1,184 @@
+"""Tests of wdsmp.dbcache.DBCache: a real SQLite file, real shards, real processes."""
+
+import multiprocessing
+import pickle
+import sqlite3
+
+import pytest
+from torch.utils.data import DataLoader
+
+import wdsmp
+from wdsmp.dbcache import DBCache
+from wdsmp.pipeline import DataPipeline
+from wdsmp.shardlists import SimpleShardList
+from wdsmp.tariterators import tarfile_to_samples
+
+
+class Counted:
+    """An iterable source that counts how often it was iterated and how many samples it gave."""
+
+    def __init__(self, n, keyed=True):
+        self.n = n
+        self.keyed = keyed
+        self.passes = 0
+        self.given = 0
+
+    def __iter__(self):
+        self.passes += 1
+        for i in range(self.n):
+            self.given += 1
+            if self.keyed:
+                yield {"__key__": f"k{i:04d}", "value": i, "blob": bytes([i % 256]) * 100}
+            else:
+                yield (i, f"v{i}")
+
+
+def processes():
+    """Fresh processes, as spawned workers are; forkserver with wdsmp imported once in
+    the server, because importing torch in every spawned child takes seconds."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
+def keys(samples):
+    return [s["__key__"] for s in samples]
+
+
+def test_first_pass_stores_size_then_passes_and_restarts_read_the_db(tmp_path):
+    db = tmp_path / "cache.db"
+    source = Counted(50)
+    cache = DBCache(source, db, 20, verbose=False)
+    first = list(cache)
+    assert keys(first) == [f"k{i:04d}" for i in range(20)]  # the pass ends once 20 are stored
+    assert first[3] == {"__key__": "k0003", "value": 3, "blob": b"\x03" * 100}
+    assert source.passes == 1
+    assert list(cache) == first
+    restarted = DBCache(source, str(db), 20, verbose=False)  # a new process would do the same
+    assert list(restarted) == first
+    assert source.passes == 1  # neither touched the source again
+    with sqlite3.connect(db) as con:
+        assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert con.execute("SELECT count(*) FROM samples").fetchone()[0] == 20
+
+
+def test_source_running_out_first_completes_the_cache(tmp_path):
+    source = Counted(7)
+    cache = DBCache(source, tmp_path / "c.db", 1000, verbose=False)
+    assert len(list(cache)) == 7
+    assert len(list(cache)) == 7
+    assert len(list(DBCache(source, tmp_path / "c.db", 1000, verbose=False))) == 7
+    assert source.passes == 1
+
+
+def test_early_stop_keeps_what_was_stored_and_continues(tmp_path):
+    source = Counted(30)
+    cache = DBCache(source, tmp_path / "c.db", 10, verbose=False)
+    samples = iter(cache)
+    assert keys([next(samples) for _ in range(4)]) == ["k0000", "k0001", "k0002", "k0003"]
+    samples.close()
+    again = DBCache(source, tmp_path / "c.db", 10, verbose=False)
+    assert keys(again) == [f"k{i:04d}" for i in range(10)]  # k0000..3 passed through, not stored twice
+    assert source.passes == 2
+    assert keys(again) == [f"k{i:04d}" for i in range(10)]
+    assert source.passes == 2
+
+
+def test_samples_without_keys_are_stored_by_content(tmp_path):
+    source = Counted(5, keyed=False)
+    cache = DBCache(source, tmp_path / "c.db", 100, verbose=False)
+    assert list(cache) == [(i, f"v{i}") for i in range(5)]
+    assert list(cache) == [(i, f"v{i}") for i in range(5)]
+    assert source.passes == 1
+
+
+def test_shuffle_serves_the_same_samples(tmp_path):
+    source = Counted(40)
+    list(DBCache(source, tmp_path / "c.db", 40, verbose=False))
+    shuffled = [keys(DBCache(source, tmp_path / "c.db", 40, verbose=False, shuffle=True)) for _ in range(3)]
+    assert all(sorted(k) == [f"k{i:04d}" for i in range(40)] for k in shuffled)
+    assert any(k != sorted(k) for k in shuffled)
+
+
+def test_fname_none_passes_through(tmp_path, capsys):
+    source = Counted(5)
+    cache = DBCache(source, None, 3)
+    assert len(list(cache)) == 5 and len(list(cache)) == 5
+    assert source.passes == 2
+    assert capsys.readouterr().err == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("size", [0, -1, 2.5, None, True])
+def test_bad_size(tmp_path, size):
+    with pytest.raises(ValueError, match="size must be a positive number"):
+        DBCache(Counted(1), tmp_path / "c.db", size)
+
+
+def test_verbose_messages(tmp_path, capsys):
+    fname = str(tmp_path / "cache.db")
+    cache = DBCache(Counted(50), fname, 10)
+    assert capsys.readouterr().err == f"[DBCache opened {fname} size 10 total 0]\n"
+    list(cache)
+    assert capsys.readouterr().err == ("[DBCache total 0 size 10 more caching]\n"
+                                       "[DBCache finished caching total 10 (size 10)]\n")
+    list(cache)
+    assert capsys.readouterr().err == "[DBCache starting dbiter total 10 size 10]\n"
+    DBCache(Counted(50), fname, 10)
+    assert capsys.readouterr().err == f"[DBCache opened {fname} size 10 total 10]\n"
+
+
+def test_wraps_a_pipeline_of_shards(tmp_path):
+    shard = str(tmp_path / "shard.tar")
+    with wdsmp.TarWriter(shard) as writer:
+        for i in range(12):
+            writer.write({"__key__": f"{i:03d}", "txt": f"sample {i}"})
+    log = tmp_path / "log"
+    url = f"pipe:echo run >> {log}; cat {shard}"
+    pipeline = DataPipeline(SimpleShardList([url]), tarfile_to_samples())
+    expected = list(pipeline)[:8]
+    cache = DBCache(pipeline, tmp_path / "c.db", 8, verbose=False)
+    assert list(cache) == expected
+    assert list(cache) == expected
+    assert list(pipeline.compose(DBCache, tmp_path / "c.db", 8, verbose=False)) == expected
+    assert len(log.read_text().splitlines()) == 2  # the pipeline above, then the first pass
+    assert expected[0]["__url__"] == url and expected[0]["txt"] == b"sample 0"
+
+
+def test_pickles_and_splits_among_dataloader_workers(tmp_path):
+    source = Counted(12)
+    list(DBCache(source, tmp_path / "c.db", 12, verbose=False))
+    cache = pickle.loads(pickle.dumps(DBCache(source, tmp_path / "c.db", 12, verbose=False)))
+    loader = DataLoader(cache, batch_size=None, num_workers=2,
+                        multiprocessing_context=processes())
+    assert sorted(s["__key__"] for s in loader) == [f"k{i:04d}" for i in range(12)]  # each once
+
+
+def _fill(fname, start, barrier, results):
+    barrier.wait(timeout=60)
+    source = ({"__key__": f"k{i:04d}", "blob": bytes(10_000)} for i in range(start, start + 300))
+    try:
+        results.put(len(list(DBCache(source, fname, 450, verbose=False))))
+    except Exception as exn:  # report it, rather than die with it in the child
+        results.put(repr(exn))
+
+
+def test_two_processes_share_one_file(tmp_path):
+    """Two processes fill one file at once (overlapping keys): no locking errors, the cap
+    holds, every stored sample reads back."""
+    fname = str(tmp_path / "c.db")
+    DBCache(Counted(0), fname, 450, verbose=False)  # create it first, as a training script would
+    context = processes()
+    barrier, results = context.Barrier(2), context.Queue()
+    procs = [context.Process(target=_fill, args=(fname, start, barrier, results)) for start in (0, 150)]
+    for proc in procs:
+        proc.start()
+    counts = [results.get(timeout=120) for _ in procs]
+    for proc in procs:
+        proc.join(30)
+        assert proc.exitcode == 0
+    assert all(isinstance(c, int) for c in counts), counts
+    stored = list(DBCache(Counted(0), fname, 450, verbose=False))
+    assert len(stored) == 450
+    assert len({s["__key__"] for s in stored}) == 450
+    assert {s["__key__"] for s in stored} == {f"k{i:04d}" for i in range(450)}

@@ -1,0 +1,150 @@
+"""DBCache: the first ``size`` samples of any iterable, kept in an SQLite database.
+
+``DBCache(dataset, "cache.db", 1000)`` (or ``dataset.compose(wds.DBCache,
+"cache.db", 1000)``) reads samples from ``dataset`` and stores each new one
+until ``size`` are stored; the pass then ends. From then on, and after a
+restart (a new DBCache on the same file), every pass serves the stored samples
+from the database without touching ``dataset``. If ``dataset`` runs out first,
+what was stored is the whole cache: the database records that the source was
+exhausted, and it too is served from then on. Delete the file to rebuild.
+
+A pass that stops early (the consumer breaks out) keeps what it stored; the
+next pass reads the source again from its start, storing the samples not yet
+stored and passing the others through.
+
+Samples are stored pickled, under the value of their ``key`` field
+(``__key__``), or a hash of their pickled bytes when they have none (tuples,
+decoded samples without keys): a sample whose key is already stored is not
+stored twice. Pickle is safe here because only DBCache writes the database; do
+not point it at a file from someone else.
+
+Several processes can share one file: the database uses SQLite's WAL journal
+(readers never block the writer) and a busy timeout, every insert is its own
+transaction, and an insert only happens while fewer than ``size`` samples are
+stored, so the cap holds across processes. Each process opens its own
+connection when it first iterates (a DBCache pickles without it, for spawned
+DataLoader workers). Serving from the database inside DataLoader workers, each
+worker gets every ``num_workers``-th sample, so an epoch has each stored
+sample once, not once per worker.
+"""
+
+import hashlib
+import os
+import pickle
+import sqlite3
+import sys
+
+from torch.utils.data import IterableDataset, get_worker_info
+
+__all__ = ["DBCache"]
+
+_SCHEMA = (
+    # ids are 1, 2, 3, ...: rows are never deleted and an ignored insert takes no id,
+    # so max(id) is the number of rows, found in O(log n).
+    "CREATE TABLE IF NOT EXISTS samples (id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE,"
+    " data BLOB NOT NULL)",
+    "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+)
+_COUNT = "SELECT coalesce(max(id), 0) FROM samples"
+_INSERT = ("INSERT OR IGNORE INTO samples (key, data) SELECT ?, ? "
+           "WHERE (SELECT coalesce(max(id), 0) FROM samples) < ?")
+_EXHAUSTED = "exhausted"
+
+
+class DBCache(IterableDataset):
+    """Samples of ``dataset`` cached in the SQLite file ``fname``, up to ``size``.
+
+    ``fname=None`` passes ``dataset`` through untouched (an easy switch).
+    ``verbose`` prints what the cache does on stderr. ``key`` names the field
+    that identifies a sample. ``shuffle`` serves stored samples in a random
+    order each pass (else in the order they were stored). ``timeout`` is how
+    long, in seconds, an insert waits for another process's write to finish.
+    """
+
+    def __init__(self, dataset, fname, size, verbose=True, key="__key__", shuffle=False,
+                 timeout=60.0):
+        super().__init__()
+        if fname is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+            raise ValueError(f"size must be a positive number of samples, not {size!r}")
+        self.dataset = dataset
+        self.fname = None if fname is None else os.fspath(fname)
+        self.size = size
+        self.verbose = verbose
+        self.key = key
+        self.shuffle = shuffle
+        self.timeout = timeout
+        self._db = None
+        self._pid = None
+        if self.fname is not None:
+            self._say(f"[DBCache opened {self.fname} size {size} total {self._count(self._connect())}]")
+
+    def _say(self, message):
+        if self.verbose:
+            print(message, file=sys.stderr, flush=True)
+
+    def _connect(self):
+        """This process's connection (a forked or spawned copy opens its own)."""
+        if self._db is None or self._pid != os.getpid():
+            db = sqlite3.connect(self.fname, timeout=self.timeout, isolation_level=None,
+                                 check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL stays consistent; a crash loses the last inserts
+            for statement in _SCHEMA:
+                db.execute(statement)
+            self._db, self._pid = db, os.getpid()
+        return self._db
+
+    @staticmethod
+    def _count(db):
+        return db.execute(_COUNT).fetchone()[0]
+
+    def _complete(self, db, total):
+        if total >= self.size:
+            return True
+        row = db.execute("SELECT value FROM meta WHERE name = ?", (_EXHAUSTED,)).fetchone()
+        return row is not None
+
+    def _sample_key(self, sample, data):
+        value = sample.get(self.key) if isinstance(sample, dict) else None
+        if value is None:
+            return "sha256:" + hashlib.sha256(data).hexdigest()
+        return value if isinstance(value, str) else repr(value)
+
+    def __iter__(self):
+        if self.fname is None:
+            yield from self.dataset
+            return
+        db = self._connect()
+        total = self._count(db)
+        if self._complete(db, total):
+            yield from self._stored(db, total)
+            return
+        self._say(f"[DBCache total {total} size {self.size} more caching]")
+        for sample in self.dataset:
+            data = pickle.dumps(sample, protocol=pickle.HIGHEST_PROTOCOL)
+            stored = db.execute(_INSERT, (self._sample_key(sample, data), data, self.size)).rowcount
+            total = self._count(db)  # other processes may be filling it too
+            if stored or total < self.size:
+                yield sample
+            if total >= self.size:
+                break
+        else:
+            db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (_EXHAUSTED, str(total)))
+        self._say(f"[DBCache finished caching total {total} (size {self.size})]")
+
+    def _stored(self, db, total):
+        """The stored samples; a DataLoader worker's share of them."""
+        self._say(f"[DBCache starting dbiter total {total} size {self.size}]")
+        query, args = "SELECT data FROM samples WHERE id <= ?", [self.size]
+        worker = get_worker_info()
+        if worker is not None and worker.num_workers > 1:
+            query += " AND id % ? = ?"
+            args += [worker.num_workers, worker.id]
+        query += " ORDER BY random()" if self.shuffle else " ORDER BY id"
+        for (data,) in db.execute(query, args):
+            yield pickle.loads(data)
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_db"] = state["_pid"] = None  # a connection belongs to the process that opened it
+        return state
