@@ -31,7 +31,7 @@ from wdsmp.cache import (
     url_to_cache_name,
     url_to_name,
 )
-from wdsmp.errors import PipeError, TarFormatError
+from wdsmp.errors import PipeError, ShardError, TarFormatError
 from wdsmp.pipeline import DataPipeline
 from wdsmp.shardlists import SimpleShardList
 from wdsmp.tariterators import tarfile_samples
@@ -456,6 +456,24 @@ def test_download_is_whole_or_absent(tmp_path, shard):
     with pytest.raises(PipeError):
         download(f"pipe:head -c 1000 {shard}; exit 3", str(tmp_path / "out" / "bad.tar"))
     assert os.listdir(tmp_path / "out") == ["copy.tar"]
+
+
+def test_download_write_failure_names_the_url(tmp_path, shard):
+    url = f"pipe:cat {shard}"
+    with pytest.raises(ShardError, match="cannot download to .*copy.tar.*No such file") as caught:
+        download(url, str(tmp_path / "missing" / "copy.tar"))
+    assert caught.value.url == url and isinstance(caught.value, OSError)
+    assert isinstance(caught.value.__cause__, FileNotFoundError)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(lock_timeout=float("nan")), "lock_timeout must be a non-negative number"),
+    (dict(lock_timeout=-1), "lock_timeout must be a non-negative number"),
+    (dict(cache_size=float("nan")), "cache_size must be a number of bytes"),
+])
+def test_bad_settings_are_rejected(tmp_path, kw, match):
+    with pytest.raises(ValueError, match=match):
+        FileCache(str(tmp_path / "cache"), **kw)
 
 
 def test_lru_cleanup_class_runs_at_most_once_per_interval(tmp_path):
