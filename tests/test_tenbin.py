@@ -114,3 +114,73 @@ def test_corrupt_buffers():
     bad_code = buf[:16] + b"zz" + buf[18:]
     with pytest.raises(ValueError, match="unknown dtype code"):
         tenbin.decode_buffer(bad_code)
+
+
+# -- the helpers webdataset's tenbin exposes
+
+
+def test_dtype_tables_are_inverse_and_complete():
+    assert set(tenbin.long_to_short) == set(DTYPES)  # uint32 included (webdataset misspells it)
+    assert tenbin.long_to_short["uint32"] == "u4"
+    assert {v: k for k, v in tenbin.long_to_short.items()} == tenbin.short_to_long
+
+
+def test_magic_constants_match_the_buffer():
+    assert tenbin.magic_str == "~TenBin~"
+    assert tenbin.magic_bytes == b"~TenBin~"
+    assert tenbin.magic == struct.unpack("<q", b"~TenBin~")[0]
+    assert bytes(tenbin.encode_buffer([np.zeros(1, "u1")]))[:8] == tenbin.magic_bytes
+
+
+@pytest.mark.parametrize("text", ["", "a", "f4", "~TenBin~"])
+def test_str64_round_trips(text):
+    value = tenbin.str64(text)
+    assert isinstance(value, int)
+    assert tenbin.unstr64(value) == text
+    assert tenbin.unstr64(np.int64(value)) == text  # header values come back as numpy ints
+
+
+def test_str64_refuses_long_strings():
+    with pytest.raises(ValueError, match="longer than 8 bytes"):
+        tenbin.str64("ninechars")
+
+
+@pytest.mark.parametrize("n, k, expected", [(0, 64, 0), (1, 64, 64), (64, 64, 64), (65, 64, 128), (9, 8, 16)])
+def test_roundup(n, k, expected):
+    assert tenbin.roundup(n, k) == expected
+
+
+def test_bytelen_and_bytedata():
+    a = np.arange(6, dtype="int16")
+    assert tenbin.bytelen(a) == 12
+    assert tenbin.bytelen(b"abc") == 3 and tenbin.bytelen(bytearray(5)) == 5
+    assert tenbin.bytelen(memoryview(b"abcd")) == 4
+    data = b"xyz"
+    assert tenbin.bytedata(data) is data
+    assert bytes(tenbin.bytedata(a)) == a.tobytes()
+    with pytest.raises(ValueError, match="size in bytes"):
+        tenbin.bytelen(3)
+    with pytest.raises(ValueError, match="raw data"):
+        tenbin.bytedata(3)
+
+
+def test_check_acceptable_input_type():
+    tenbin.check_acceptable_input_type([np.zeros(2, "f4"), np.zeros(2, "u1")], allow64=False)
+    tenbin.check_acceptable_input_type([np.zeros(2, "f8"), np.zeros(2, "u8")], allow64=True)
+    with pytest.raises(ValueError, match="64-bit dtype int64"):
+        tenbin.check_acceptable_input_type([np.zeros(2, "f4"), np.zeros(2, "i8")], allow64=False)
+    with pytest.raises(ValueError, match="cannot store dtype bool"):
+        tenbin.check_acceptable_input_type([np.zeros(2, bool)], allow64=True)
+
+
+def test_check_infos():
+    data, infos = [np.zeros(1)], ["a", "b"]
+    assert tenbin.check_infos(data, infos) is data
+    assert tenbin.check_infos(data, infos, False) is data
+    assert tenbin.check_infos(data, infos, True) == (data, infos)
+    assert tenbin.check_infos(data, infos, ["a"]) is data
+    assert tenbin.check_infos(data, infos, ("a", "b")) is data
+    with pytest.raises(ValueError, match="do not match"):
+        tenbin.check_infos(data, infos, ["b"])
+    with pytest.raises(ValueError, match="bool, a list or a tuple"):
+        tenbin.check_infos(data, infos, "a")

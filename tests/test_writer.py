@@ -21,12 +21,18 @@ from wdsmp import tenbin
 from wdsmp.writer import (
     ShardWriter,
     TarWriter,
+    add_handlers,
     bytestr,
+    cbor_dumps,
     default_handlers,
     encode_based_on_extension1,
     imageencoder,
     make_encoder,
     make_handlers,
+    mp_dumps,
+    numpy_dumps,
+    numpy_npz_dumps,
+    tenbin_dumps,
 )
 
 TAR = shutil.which("tar")
@@ -537,3 +543,57 @@ def test_shardwriter_close_idempotent(tmp_path):
 def test_shardwriter_validation(args, kw, error, match):
     with pytest.raises(error, match=match):
         ShardWriter(*args, **kw)
+
+
+# -- the named encoders webdataset's writer exposes
+
+
+def test_add_handlers_takes_a_spaced_string_or_a_list():
+    table = {}
+    add_handlers(table, "a b  c", bytestr)
+    add_handlers(table, ["d", "e"], str.encode)
+    assert table == {"a": bytestr, "b": bytestr, "c": bytestr, "d": str.encode, "e": str.encode}
+
+
+def test_default_table_uses_the_named_encoders():
+    handlers = make_handlers()
+    assert handlers["npy"] is numpy_dumps and handlers["npz"] is numpy_npz_dumps
+    assert handlers["ten"] is handlers["tb"] is tenbin_dumps
+    assert handlers["mp"] is handlers["msgpack"] is mp_dumps
+    assert handlers["cbor"] is cbor_dumps
+
+
+def test_numpy_dumps_round_trips_and_refuses_objects():
+    a = np.arange(12, dtype="float32").reshape(3, 4)
+    b = np.load(io.BytesIO(numpy_dumps(a)))
+    assert b.dtype == a.dtype
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="pickle"):
+        numpy_dumps(np.array([{"x": 1}], dtype=object))
+
+
+def test_numpy_npz_dumps_round_trips_deterministically():
+    arrays = {"x": np.arange(5), "y": np.eye(2, dtype="uint8")}
+    data = numpy_npz_dumps(arrays)
+    assert data == numpy_npz_dumps(arrays)  # fixed timestamps
+    with np.load(io.BytesIO(data)) as loaded:
+        assert sorted(loaded.files) == ["x", "y"]
+        np.testing.assert_array_equal(loaded["y"], arrays["y"])
+    with np.load(io.BytesIO(numpy_npz_dumps(np.arange(3)))) as loaded:
+        np.testing.assert_array_equal(loaded["arr_0"], np.arange(3))
+    with pytest.raises(TypeError, match="array names must be str"):
+        numpy_npz_dumps({1: np.arange(3)})
+
+
+def test_tenbin_dumps_takes_an_array_or_a_list():
+    (one,) = tenbin.decode_buffer(tenbin_dumps(np.arange(4, dtype="int16")))
+    np.testing.assert_array_equal(one, np.arange(4))
+    two = tenbin.decode_buffer(tenbin_dumps([np.zeros(2, "f4"), np.ones(3, "u1")]))
+    assert [a.shape for a in two] == [(2,), (3,)]
+    assert isinstance(tenbin_dumps(np.zeros(1, "u1")), bytes)
+
+
+def test_mp_and_cbor_dumps_round_trip():
+    value = {"a": [1, 2.5, "x"], "b": b"raw"}
+    assert msgpack.unpackb(mp_dumps(value), raw=False) == value
+    assert cbor2.loads(cbor_dumps(value)) == value

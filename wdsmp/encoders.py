@@ -26,6 +26,12 @@ __all__ = [
     "imageencoder",
     "bytestr",
     "torch_dumps",
+    "numpy_dumps",
+    "numpy_npz_dumps",
+    "tenbin_dumps",
+    "mp_dumps",
+    "cbor_dumps",
+    "add_handlers",
     "make_handlers",
     "default_handlers",
     "encode_based_on_extension1",
@@ -135,15 +141,23 @@ def _encode_json(data):
     return json.dumps(data).encode("utf-8")
 
 
-def _encode_npy(data):
+def numpy_dumps(data):
+    """An array in ``.npy`` format; object arrays are refused (readers load without pickle)."""
     stream = io.BytesIO()
     np.save(stream, np.asanyarray(data), allow_pickle=False)
     return stream.getvalue()
 
 
-def _encode_npz(data):
-    """Like ``np.savez_compressed`` of a dict (or one array), but with fixed zip timestamps."""
+def numpy_npz_dumps(data):
+    """A dict of arrays (or one array, as ``arr_0``) in ``.npz`` format.
+
+    Like ``np.savez_compressed``, but with fixed zip timestamps, so the same
+    arrays always give the same bytes.
+    """
     arrays = data if isinstance(data, dict) else {"arr_0": data}
+    for name in arrays:
+        if not isinstance(name, str):
+            raise TypeError(f".npz array names must be str, got {type(name).__name__} {name!r}")
     stream = io.BytesIO()
     with zipfile.ZipFile(stream, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         for name, array in arrays.items():
@@ -154,43 +168,51 @@ def _encode_npz(data):
     return stream.getvalue()
 
 
-def _encode_tenbin(data):
+def tenbin_dumps(x):
+    """An array, or a list of arrays, in tenbin format (``.ten``), as bytes."""
     from . import tenbin
 
-    return bytes(tenbin.encode_buffer(data if isinstance(data, (list, tuple)) else [data]))
+    return bytes(tenbin.encode_buffer(list(x) if isinstance(x, (list, tuple)) else [x]))
 
 
-def _encode_msgpack(data):
+def mp_dumps(x):
+    """MessagePack bytes; msgpack is imported only when a ``.mp`` field is written."""
     import msgpack
 
-    return msgpack.packb(data, use_bin_type=True)
+    return msgpack.packb(x, use_bin_type=True)
 
 
-def _encode_cbor(data):
+def cbor_dumps(x):
+    """CBOR bytes, with cbor2 (webdataset imports the older ``cbor`` package)."""
     import cbor2
 
-    return cbor2.dumps(data)
+    return cbor2.dumps(x)
+
+
+def add_handlers(d, keys, value):
+    """Register ``value`` in table ``d`` under each extension in ``keys`` (a list or a spaced string)."""
+    for key in keys.split() if isinstance(keys, str) else keys:
+        d[key] = value
 
 
 def make_handlers():
     """A fresh extension -> encoder table (the one ``encoder=True`` uses)."""
-    table = [
-        ("cls cls2 class count index inx id", _encode_int),
-        ("txt text transcript html htm", _encode_text),
-        ("pyd pickle", pickle.dumps),
-        ("pth", torch_dumps),
-        ("npy", _encode_npy),
-        ("npz", _encode_npz),
-        ("ten tenbin tb", _encode_tenbin),
-        ("json jsn", _encode_json),
-        ("mp msgpack msg", _encode_msgpack),
-        ("cbor", _encode_cbor),
-        ("jpg jpeg img image", _encode_jpeg),
-    ]
+    handlers = {}
+    add_handlers(handlers, "cls cls2 class count index inx id", _encode_int)
+    add_handlers(handlers, "txt text transcript html htm", _encode_text)
+    add_handlers(handlers, "pyd pickle", pickle.dumps)
+    add_handlers(handlers, "pth", torch_dumps)
+    add_handlers(handlers, "npy", numpy_dumps)
+    add_handlers(handlers, "npz", numpy_npz_dumps)
+    add_handlers(handlers, "ten tenbin tb", tenbin_dumps)
+    add_handlers(handlers, "json jsn", _encode_json)
+    add_handlers(handlers, "mp msgpack msg", mp_dumps)
+    add_handlers(handlers, "cbor", cbor_dumps)
+    add_handlers(handlers, "jpg jpeg img image", _encode_jpeg)
     for extensions, image_format in [("png", "PNG"), ("pbm", "PBM"), ("pgm", "PGM"), ("ppm", "PPM"),
                                      ("tif tiff", "TIFF")]:
-        table.append((extensions, functools.partial(imageencoder, format=image_format)))
-    return {extension: encoder for extensions, encoder in table for extension in extensions.split()}
+        add_handlers(handlers, extensions, functools.partial(imageencoder, format=image_format))
+    return handlers
 
 
 default_handlers = make_handlers()

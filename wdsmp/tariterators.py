@@ -13,7 +13,9 @@ and a key that reappears after its sample ended (interleaved members) are
 
 import gzip
 import io
+import random
 import re
+import sys
 import zlib
 
 from .gopen import gopen, local_path
@@ -22,6 +24,7 @@ from .errors import SampleError, TarFormatError
 from .filters import pipelinefilter
 from .handlers import reraise_exception
 from .native import tar_splitter_class
+from .shardlists import expand_urls
 
 __all__ = [
     "SHARD_END",
@@ -37,7 +40,11 @@ __all__ = [
     "tarfile_to_samples",
     "meta_prefix",
     "meta_suffix",
+    "shardlist",
+    "trace",
 ]
+
+trace = False  # debugging switch (webdataset's): True makes group_by_keys print each member to stderr
 
 meta_prefix = "__"
 meta_suffix = "__"
@@ -90,6 +97,19 @@ def base_plus_ext(path):
 def valid_sample(sample):
     """A sample worth yielding: a non-empty dict not marked ``__bad__``."""
     return isinstance(sample, dict) and len(sample) > 0 and not sample.get("__bad__", False)
+
+
+def shardlist(urls, *, shuffle=False):
+    """Shard URLs as ``{"url": ...}`` dicts, the simplest source.
+
+    A string is a shard spec (braces, ``::``, ``${name}``, see ``expand_urls``).
+    ``shuffle=True`` uses the ``random`` module, so ``random.seed`` fixes the order.
+    """
+    urls = expand_urls(urls) if isinstance(urls, str) else list(urls)
+    if shuffle:
+        random.shuffle(urls)
+    for url in urls:
+        yield {"url": url}
 
 
 def url_opener(data, handler=reraise_exception, **kw):
@@ -255,6 +275,7 @@ def group_by_keys(data, keys=base_plus_ext, lcase=True, suffixes=None, handler=N
     current = None
     closed = set()
     shard = None
+    tracing = trace  # read once per stream, as a switch set before iterating
     for member in data:
         if isinstance(member, _Boundary):
             if valid_sample(current) and _complete(current, member, keys):
@@ -263,6 +284,9 @@ def group_by_keys(data, keys=base_plus_ext, lcase=True, suffixes=None, handler=N
             closed.clear()
             continue
         prefix, suffix = keys(member["fname"])
+        if tracing:
+            print(f"group_by_keys: {prefix!r} {suffix!r} -> {sorted(current) if current else None}",
+                  file=sys.stderr)
         if prefix is None:
             continue
         if lcase:

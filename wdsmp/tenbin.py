@@ -23,27 +23,37 @@ import sys
 import numpy as np
 
 __all__ = [
-    "encode_header",
-    "decode_header",
-    "encode_list",
-    "decode_list",
-    "encode_chunks",
-    "decode_chunks",
-    "encode_buffer",
+    "bytedata",
+    "bytelen",
+    "check_acceptable_input_type",
+    "check_infos",
     "decode_buffer",
-    "write_chunk",
-    "read_chunk",
-    "write",
-    "read",
-    "save",
+    "decode_chunks",
+    "decode_header",
+    "decode_list",
+    "encode_buffer",
+    "encode_chunks",
+    "encode_header",
+    "encode_list",
     "load",
+    "long_to_short",
+    "magic",
+    "magic_bytes",
+    "magic_str",
+    "read",
+    "read_chunk",
+    "roundup",
+    "save",
+    "short_to_long",
+    "str64",
+    "unstr64",
+    "write",
+    "write_chunk",
 ]
 
-MAGIC = b"~TenBin~"
-ALIGN = 64
-
-# dtype name -> code written in the header; the set webdataset supports.
-_CODES = {
+# dtype name -> code written in the header; the set webdataset supports (its
+# table misspells uint32, so webdataset cannot store it; this one can).
+long_to_short = {
     "float16": "f2",
     "float32": "f4",
     "float64": "f8",
@@ -56,32 +66,71 @@ _CODES = {
     "uint32": "u4",
     "uint64": "u8",
 }
-_DTYPES = {code: np.dtype(name).newbyteorder("<") for name, code in _CODES.items()}
+short_to_long = {code: name for name, code in long_to_short.items()}
+_DTYPES = {code: np.dtype(name).newbyteorder("<") for name, code in long_to_short.items()}
 _I64 = np.dtype("<i8")
+_WIDE = frozenset({"float64", "int64", "uint64"})
 
 
-def _roundup(n):
-    return -(-n // ALIGN) * ALIGN
+def bytelen(a):
+    """The size in bytes of an array or a bytes-like object."""
+    if hasattr(a, "nbytes"):
+        return a.nbytes
+    if isinstance(a, (bytes, bytearray)):
+        return len(a)
+    raise ValueError(f"cannot tell the size in bytes of a {type(a).__name__}")
 
 
-def _str64(text, what):
+def bytedata(a):
+    """The raw data of an array (its buffer) or of a bytes-like object (itself)."""
+    if isinstance(a, (bytes, bytearray, memoryview)):
+        return a
+    if hasattr(a, "data"):
+        return a.data
+    raise ValueError(f"cannot get the raw data of a {type(a).__name__}")
+
+
+def check_acceptable_input_type(data, allow64):
+    """Refuse arrays tenbin cannot store, and 64-bit ones unless ``allow64``.
+
+    webdataset's version has the 64-bit test inverted (it refuses every
+    narrower type); this one refuses what the docstring there says it should.
+    """
+    for a in data:
+        name = a.dtype.name
+        if name not in long_to_short:
+            raise ValueError(f"tenbin cannot store dtype {name} (supported: {', '.join(long_to_short)})")
+        if not allow64 and name in _WIDE:
+            raise ValueError(f"64-bit dtype {name} is not allowed unless allow64=True")
+
+
+def roundup(n, k=64):
+    """``n`` rounded up to a multiple of ``k``: chunks are padded to 64 bytes."""
+    return -(-n // k) * k
+
+
+def str64(s, what="string"):
     """An ASCII string of at most 8 bytes as the int64 it occupies in a header."""
-    raw = text.encode("ascii") if isinstance(text, str) else bytes(text)
+    raw = s.encode("ascii") if isinstance(s, str) else bytes(s)
     if len(raw) > 8:
-        raise ValueError(f"tenbin {what} {text!r} is longer than 8 bytes")
+        raise ValueError(f"tenbin {what} {s!r} is longer than 8 bytes")
     return struct.unpack("<q", raw.ljust(8, b"\0"))[0]
 
 
-def _unstr64(value):
-    return struct.pack("<q", int(value)).rstrip(b"\0").decode("ascii")
+def unstr64(i):
+    """The string a header int64 holds (inverse of ``str64``)."""
+    return struct.pack("<q", int(i)).rstrip(b"\0").decode("ascii")
+
+
+magic_str = "~TenBin~"
+magic_bytes = magic_str.encode("ascii")
+magic = str64(magic_str)  # the magic as the int64 it reads as
 
 
 def encode_header(a, info=""):
     """The header chunk of array ``a``: dtype code, info, rank, shape."""
-    code = _CODES.get(a.dtype.name)
-    if code is None:
-        raise ValueError(f"tenbin cannot store dtype {a.dtype.name} (supported: {', '.join(_CODES)})")
-    values = [_str64(code, "dtype"), _str64(info, "info"), a.ndim, *a.shape]
+    check_acceptable_input_type([a], allow64=True)
+    values = [str64(long_to_short[a.dtype.name], "dtype"), str64(info, "info"), a.ndim, *a.shape]
     return np.array(values, dtype=_I64).tobytes()
 
 
@@ -91,8 +140,8 @@ def decode_header(h):
         raise ValueError(f"tenbin header of {len(h)} bytes is malformed")
     values = np.frombuffer(h, dtype=_I64)
     try:
-        code = _unstr64(values[0])
-        info = _unstr64(values[1])
+        code = unstr64(values[0])
+        info = unstr64(values[1])
     except UnicodeDecodeError as exn:
         raise ValueError("tenbin header holds non-ASCII dtype or info") from exn
     if code not in _DTYPES:
@@ -118,17 +167,22 @@ def encode_list(l, infos=None):  # noqa: E741 (webdataset's parameter name)
     return chunks
 
 
-def _check_infos(arrays, infos, wanted):
-    """Apply webdataset's ``infos=`` convention: False -> arrays, True -> (arrays, infos), list -> check."""
-    if wanted is None or wanted is False:
-        return arrays
-    if wanted is True:
-        return arrays, infos
-    if not isinstance(wanted, (list, tuple)):
+def check_infos(data, infos, required_infos=None):
+    """Apply webdataset's ``infos=`` convention to decoded arrays.
+
+    False or None -> the arrays; True -> ``(arrays, infos)``; a list or tuple ->
+    the arrays, after checking that the infos start with it (webdataset's
+    version raises for any list, matching or not).
+    """
+    if required_infos is None or required_infos is False:
+        return data
+    if required_infos is True:
+        return data, infos
+    if not isinstance(required_infos, (list, tuple)):
         raise ValueError("infos must be a bool, a list or a tuple")
-    if list(wanted) != infos[:len(wanted)]:
-        raise ValueError(f"tenbin infos {infos} do not match the required {list(wanted)}")
-    return arrays
+    if list(required_infos) != list(infos[:len(required_infos)]):
+        raise ValueError(f"tenbin infos {infos} do not match the required {list(required_infos)}")
+    return data
 
 
 def decode_list(l, infos=False):  # noqa: E741 (webdataset's parameter name)
@@ -143,7 +197,7 @@ def decode_list(l, infos=False):  # noqa: E741 (webdataset's parameter name)
             raise ValueError(f"tenbin array {shape} {dtype.name} needs {expected} bytes, chunk has {len(data)}")
         arrays.append(np.frombuffer(data, dtype=dtype).reshape(shape))
         names.append(info)
-    return _check_infos(arrays, names, infos)
+    return check_infos(arrays, names, infos)
 
 
 def encode_chunks(l):  # noqa: E741 (webdataset's parameter name)
@@ -151,10 +205,10 @@ def encode_chunks(l):  # noqa: E741 (webdataset's parameter name)
     result = bytearray()
     for chunk in l:
         n = len(memoryview(chunk).cast("B"))
-        result += MAGIC
+        result += magic_bytes
         result += struct.pack("<q", n)
         result += chunk
-        result += bytes(_roundup(n) - n)
+        result += bytes(roundup(n) - n)
     return result
 
 
@@ -163,14 +217,14 @@ def decode_chunks(buf):
     view = memoryview(buf).cast("B")
     chunks, offset = [], 0
     while offset < len(view):
-        if view[offset:offset + 8] != MAGIC or offset + 16 > len(view):
+        if view[offset:offset + 8] != magic_bytes or offset + 16 > len(view):
             raise ValueError(f"tenbin magic missing at byte {offset}")
         (n,) = struct.unpack("<q", view[offset + 8:offset + 16])
         start = offset + 16
         if n < 0 or start + n > len(view):
             raise ValueError(f"tenbin chunk at byte {offset} claims {n} bytes, buffer is truncated")
         chunks.append(view[start:start + n])
-        offset = start + _roundup(n)
+        offset = start + roundup(n)
     return chunks
 
 
@@ -196,13 +250,13 @@ def read_chunk(stream):
     head = stream.read(16)
     if not head:
         return None
-    if len(head) < 16 or head[:8] != MAGIC:
+    if len(head) < 16 or head[:8] != magic_bytes:
         raise ValueError("tenbin magic missing in stream")
     (n,) = struct.unpack("<q", head[8:])
     if n < 0:
         raise ValueError(f"tenbin chunk claims {n} bytes")
     data = stream.read(n)
-    padding = _roundup(n) - n
+    padding = roundup(n) - n
     if len(data) != n or len(stream.read(padding)) != padding:
         raise ValueError("tenbin stream is truncated")
     return data

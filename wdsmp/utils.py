@@ -3,25 +3,50 @@
 ``pytorch_worker_info`` is the one place that decides which node and which
 DataLoader worker the current process is; the shard splitters and the seeded
 samplers all ask it, so they always agree.
+
+``enforce_security`` is read-only here: it reports ``WDS_SECURE`` at the
+moment it is read (webdataset reads it once, at import, into a flag that code
+may overwrite). Assigning to it raises, because wdsmp's checks read the
+environment, so a silently ignored assignment would leave a program that
+asked for security without it.
 """
 
+import fnmatch
+import functools
+import glob
 import hashlib
+import importlib
 import itertools
+import re
 import struct
 import sys
+import types
+import warnings
+
+import braceexpand
 
 from . import _env
+from .errors import WdsmpError
 
 __all__ = [
+    "ObsoleteException",
     "PipelineStage",
+    "compute_sample_weights",
+    "deprecated",
+    "enforce_security",  # a property of this module's type: see _UtilsModule
+    "fnmatch_with_braces",
+    "glob_with_braces",
     "guess_batchsize",
     "identity",
     "is_iterable",
+    "lookup_sym",
     "make_seed",
+    "obsolete",
     "pytorch_worker_info",
     "pytorch_worker_seed",
     "repeatedly",
     "repeatedly0",
+    "safe_eval",
 ]
 
 
@@ -157,3 +182,147 @@ def repeatedly(source, nepochs=None, nbatches=None, nsamples=None, batchsize=gue
         if count == 0:
             return
         epoch += 1
+
+
+# -- patterns with braces
+
+
+def _expand_braces(pattern):
+    try:
+        return list(braceexpand.braceexpand(pattern))
+    except braceexpand.UnbalancedBracesError as exn:
+        raise ValueError(f"unbalanced braces in pattern {pattern!r}") from exn
+
+
+def glob_with_braces(pattern):
+    """Files matching a glob pattern that may hold braces (``"d/*.{tar,tgz}"``), which glob lacks.
+
+    Each alternative's matches are sorted (webdataset leaves them in directory
+    order), so the result is the same on every machine.
+    """
+    return [name for alternative in _expand_braces(pattern) for name in sorted(glob.glob(alternative))]
+
+
+def fnmatch_with_braces(filename, pattern):
+    """Whether ``filename`` matches a shell pattern that may hold braces."""
+    return any(fnmatch.fnmatch(filename, alternative) for alternative in _expand_braces(pattern))
+
+
+# -- names to objects
+
+
+def lookup_sym(sym, modules):
+    """Attribute ``sym`` of the first module in ``modules`` that has it (not None), else None.
+
+    Relative module names (``".filters"``) are taken inside wdsmp, as
+    webdataset takes them inside webdataset.
+    """
+    for name in modules:
+        result = getattr(importlib.import_module(name, package=__package__), sym, None)
+        if result is not None:
+            return result
+    return None
+
+
+_SAFE_WORD = re.compile(r"[A-Za-z0-9_]*")
+# Pure constructors and arithmetic: all an expression template may call.
+_SAFE_BUILTINS = {f.__name__: f for f in (abs, bool, complex, dict, float, frozenset, int, len, list,
+                                           max, min, round, set, str, tuple)}
+
+
+def safe_eval(s, expr="{}"):
+    """Evaluate ``expr`` with ``s`` put in its ``{}``, where ``s`` may come from data.
+
+    ``s`` must be letters, digits and underscores (else ValueError), so it can
+    only add a number or a name to the template. The expression sees no module
+    globals and only a few pure builtins (``int``, ``float``, ``str``,
+    ``tuple``, ...): a name in ``s`` cannot reach ``os``, ``open`` or
+    ``__import__``. webdataset evaluates in its module's globals instead.
+    """
+    if not isinstance(s, str) or not _SAFE_WORD.fullmatch(s):
+        raise ValueError(f"safe_eval: {s!r} may only hold letters, digits and underscores")
+    if "__" in s:
+        raise ValueError(f"safe_eval: {s!r} may not hold a double underscore")
+    return eval(expr.format(s), {"__builtins__": _SAFE_BUILTINS}, {})  # noqa: S307 (restricted above)
+
+
+# -- deprecation
+
+
+def deprecated(arg=None):
+    """Decorator: calls warn with a DeprecationWarning; ``@deprecated`` or ``@deprecated("reason")``."""
+    reason = None if callable(arg) else arg
+
+    def decorator(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kw):
+            message = f"Call to deprecated function {func.__name__}."
+            if reason is not None:
+                message += f" Reason: {reason}"
+            warnings.warn(message, DeprecationWarning, stacklevel=2)
+            return func(*args, **kw)
+
+        return wrapper
+
+    return decorator(arg) if callable(arg) else decorator
+
+
+class ObsoleteException(WdsmpError):
+    """A function marked ``@obsolete`` was called without ``ALLOW_OBSOLETE=1``."""
+
+
+def obsolete(func=None, *, reason=None):
+    """Decorator: calls raise ObsoleteException unless the environment has ``ALLOW_OBSOLETE=1``."""
+    if func is None:
+        return functools.partial(obsolete, reason=reason)
+
+    @functools.wraps(func)
+    def wrapper(*args, **kw):
+        if not _env._flag("ALLOW_OBSOLETE"):  # read in _env, like every variable
+            message = f"Call to obsolete function {func.__name__}. Set env ALLOW_OBSOLETE=1 to permit."
+            if reason is not None:
+                message += f" Reason: {reason}"
+            raise ObsoleteException(message)
+        return func(*args, **kw)
+
+    return wrapper
+
+
+# -- mixing
+
+
+def compute_sample_weights(n_w_pairs):
+    """Relative sampling probabilities from ``(count, weight)`` pairs: count * weight, scaled to max 1."""
+    import numpy as np
+
+    pairs = list(n_w_pairs)
+    if not pairs:
+        raise ValueError("compute_sample_weights needs at least one (count, weight) pair")
+    weighted = np.array([n for n, _ in pairs], dtype=float) * np.array([w for _, w in pairs], dtype=float)
+    if not np.all(np.isfinite(weighted)) or (weighted < 0).any() or weighted.max() <= 0:
+        raise ValueError(f"compute_sample_weights needs finite, non-negative products with one positive, "
+                         f"got {weighted.tolist()}")
+    return weighted / weighted.max()
+
+
+# -- the security flag, read when it is asked for
+
+
+class _UtilsModule(types.ModuleType):
+    """This module's type: it makes ``enforce_security`` a read-only view of ``WDS_SECURE``."""
+
+    @property
+    def enforce_security(self):
+        """``WDS_SECURE=1`` now (webdataset: at import); see the module docstring."""
+        return _env.secure()
+
+    @enforce_security.setter
+    def enforce_security(self, value):
+        raise AttributeError("wdsmp.utils.enforce_security follows the WDS_SECURE environment variable; "
+                             "set WDS_SECURE=1 (or pass secure=True where offered) instead of assigning it")
+
+    def __dir__(self):
+        return sorted({*super().__dir__(), "enforce_security"})
+
+
+sys.modules[__name__].__class__ = _UtilsModule

@@ -34,20 +34,41 @@ import tarfile
 import time
 
 from .encoders import (
+    add_handlers,
     bytestr,
+    cbor_dumps,
     default_handlers,
     encode_based_on_extension,
     encode_based_on_extension1,
     imageencoder,
     make_encoder,
     make_handlers,
+    mp_dumps,
+    numpy_dumps,
+    numpy_npz_dumps,
+    tenbin_dumps,
     torch_dumps,
 )
 
-from . import encoders as _encoders
-
 # The encoders live in their own module; webdataset's writer module exports them too.
-__all__ = [*_encoders.__all__, "TarWriter", "ShardWriter"]
+__all__ = [
+    "ShardWriter",
+    "TarWriter",
+    "add_handlers",
+    "bytestr",
+    "cbor_dumps",
+    "default_handlers",
+    "encode_based_on_extension",
+    "encode_based_on_extension1",
+    "imageencoder",
+    "make_encoder",
+    "make_handlers",
+    "mp_dumps",
+    "numpy_dumps",
+    "numpy_npz_dumps",
+    "tenbin_dumps",
+    "torch_dumps",
+]
 
 # Member names.
 
