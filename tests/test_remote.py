@@ -11,7 +11,7 @@ import pytest
 import wdsmp as wds
 from tests.servers import aws_environment
 from wdsmp.errors import PipeError, ShardError
-from wdsmp.gopen import Pipe, ais_object_url, gopen, rewrite_url
+from wdsmp.gopen import Pipe, ais_object_url, gopen, gopen_curl, rewrite_url, set_options
 from wdsmp.remote import HTTPReader, RemoteOptions
 
 DATA = bytes(range(256)) * 4099  # ~1 MiB, not a multiple of any buffer size
@@ -519,3 +519,41 @@ def test_gopen_verbose(http_server, monkeypatch, capsys):
     with gopen("gs://x.bin") as stream:
         assert stream.read() == b"x"
     assert f"# gopen 'gs://x.bin' -> '{http_server.endpoint}/m/x.bin'" in capsys.readouterr().err
+
+
+# -- webdataset's other openers
+
+
+def test_gopen_curl_reads_and_fails_loudly(http_server):
+    url = http_server.put_file("c.bin", bytes(range(256)) * 100)
+    with gopen_curl(url) as stream:
+        assert stream.read() == bytes(range(256)) * 100
+    with pytest.raises(PipeError, match="status 22"):
+        with gopen_curl(http_server.url("missing.bin")) as stream:
+            stream.read()
+
+
+def test_set_options_reaches_pipes_only(tmp_path):
+    stream = gopen("pipe:exit 3")
+    assert set_options(stream, ignore_status=[3], timeout=5.0)
+    assert stream.read() == b""  # status 3 now counts as success
+    stream.close()
+    path = tmp_path / "f"
+    path.write_bytes(b"x")
+    with gopen(str(path)) as plain:
+        assert set_options(plain, timeout=1.0) is False
+
+
+def test_read_only_schemes_refuse_writing():
+    with pytest.raises(ValueError, match="read-only"):
+        gopen("htgs://bucket/shard.tar", "wb")
+
+
+def test_hf_without_huggingface_hub_names_the_package():
+    try:
+        import huggingface_hub  # noqa: F401
+        pytest.skip("huggingface_hub is installed")
+    except ImportError:
+        pass
+    with pytest.raises(ShardError, match="pip install huggingface_hub"):
+        gopen("hf://datasets/org/name/shard.tar")

@@ -50,17 +50,22 @@ __all__ = [
     "ais_object_url",
     "gopen",
     "gopen_ais",
+    "gopen_curl",
     "gopen_error",
     "gopen_file",
     "gopen_gsutil",
+    "gopen_hf",
+    "gopen_htgs",
     "gopen_http",
     "gopen_pipe",
     "gopen_s3",
     "gopen_schemes",
+    "info",
     "local_path",
     "reader",
     "register_scheme",
     "rewrite_url",
+    "set_options",
 ]
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
@@ -356,10 +361,13 @@ _TOOLS = {
            "wb": (("gsutil", "cp", "-", "{url}"), ("gcloud", "storage", "cp", "-", "{url}"))},
     "ais": {"rb": (("ais", "get", "{url}", "-"),),
             "wb": (("ais", "put", "-", "{url}"),)},
+    "curl": {"rb": (("curl", "--connect-timeout", "30", "--retry", "5", "-f", "-s", "-S", "-L", "{url}"),),
+             "wb": (("curl", "-f", "-s", "-S", "-L", "-T", "-", "{url}"),)},
 }
 _TOOL_HINTS = {
     "gs": "install the Google Cloud SDK, or set USE_AIS_FOR=gs and AIS_ENDPOINT to read through AIStore",
     "ais": "install the AIStore CLI, or set AIS_ENDPOINT to use AIStore's HTTP API",
+    "curl": "install curl, or use http(s):// URLs, which wdsmp reads in-process",
 }
 
 
@@ -378,6 +386,41 @@ def _tool_pipe(tool, url, mode, bufsize, timeout):
 def gopen_gsutil(url, mode="rb", bufsize=8192, timeout=3600.0, **kw):
     """``gs://`` with ``gsutil cat`` / ``gsutil cp - URL`` (or ``gcloud storage`` when gsutil is absent)."""
     return _tool_pipe("gs", url, mode, bufsize, timeout)
+
+
+def gopen_curl(url, mode="rb", bufsize=8192, timeout=3600.0, **kw):
+    """Any URL curl can fetch, through ``curl`` (webdataset's HTTP opener); a failing status is an error."""
+    return _tool_pipe("curl", url, mode, bufsize, timeout)
+
+
+def gopen_htgs(url, mode="rb", bufsize=8192, **kw):
+    """``htgs://bucket/object``: a public Google Cloud Storage object over HTTPS, read-only."""
+    if mode != "rb":
+        raise ValueError(f"htgs:// URLs are read-only, not {mode!r}: {url!r}")
+    from .remote import open_http
+
+    rest = re.sub(r"(?i)^htgs://", "", url)
+    return open_http(f"https://storage.googleapis.com/{rest}", mode, bufsize, origin=url, **kw)
+
+
+def gopen_hf(url, mode="rb", bufsize=8192, **kw):
+    """``hf://datasets/org/name/path``: a Hugging Face Hub file over HTTPS, with the user's token."""
+    if mode != "rb":
+        raise ValueError(f"hf:// URLs are read-only, not {mode!r}: {url!r}")
+    try:
+        from huggingface_hub import HfFileSystem, get_token, hf_hub_url
+    except ImportError:
+        raise ShardError("hf:// URLs need huggingface_hub (pip install huggingface_hub)", url=url) from None
+    from .remote import open_http
+
+    where = HfFileSystem().resolve_path(url)
+    http_url = hf_hub_url(repo_id=where.repo_id, filename=where.path_in_repo, repo_type=where.repo_type,
+                          revision=where.revision)
+    token = get_token()
+    headers = dict(kw.pop("headers", None) or {})
+    if token:
+        headers.setdefault("Authorization", f"Bearer {token}")
+    return open_http(http_url, mode, bufsize, origin=url, headers=headers, **kw)
 
 
 # AIStore's provider names for URL schemes (it also knows the gs/s3/az aliases; be explicit).
@@ -428,7 +471,28 @@ gopen_schemes = {
     "s3": gopen_s3,
     "gs": gopen_gsutil,
     "ais": gopen_ais,
+    "htgs": gopen_htgs,
+    "hf": gopen_hf,
 }
+
+info = {}  # webdataset's module-level dict of opener state; wdsmp keeps nothing in it
+
+
+def set_options(obj, timeout=None, ignore_errors=None, ignore_status=None, handler=None):
+    """Change a ``Pipe``'s timeout and status policy after opening; False for other streams.
+
+    ``handler`` is accepted for webdataset's signature: a Pipe raises its errors.
+    """
+    obj = getattr(obj, "raw", obj)
+    if not isinstance(obj, Pipe):
+        return False
+    if timeout is not None:
+        obj.timeout = timeout
+    if ignore_errors is not None:
+        obj.ignore_errors = ignore_errors
+    if ignore_status is not None:
+        obj.ignore_status = {0, *ignore_status}
+    return True
 
 
 def register_scheme(scheme, opener):
