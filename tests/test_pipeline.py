@@ -8,7 +8,7 @@ import pytest
 import torch.utils.data
 
 import wdsmp.utils
-from wdsmp.pipeline import DataPipeline
+from wdsmp.pipeline import DataPipeline, add_length_method
 from wdsmp.shardlists import ResampledShards, SimpleShardList, split_by_worker
 from wdsmp.tariterators import tarfile_to_samples
 
@@ -52,6 +52,13 @@ def add_suffix(src, suffix):
 
 def count_up(n):
     return iter(range(n))
+
+
+class Sized:
+    """A plain object for add_length_method: it has the ``size`` the added ``__len__`` reports."""
+
+    def __init__(self, size):
+        self.size = size
 
 
 class Recorder:
@@ -182,6 +189,39 @@ def test_set_epoch_and_close_reach_stages(tmp_path):
     dataset.close()
     dataset.close()
     assert recorder.closed == 2
+
+
+def test_add_length_method_on_a_pipeline(tmp_path):
+    urls = make_shards(tmp_path, 2, 3)
+    dataset = DataPipeline(SimpleShardList(urls), tarfile_to_samples(), keys)
+    dataset.size = 11
+    assert add_length_method(dataset) is dataset
+    assert add_length_method(dataset) is dataset  # a second call adds no second layer
+    assert type(dataset).__name__ == "DataPipeline_Length" and type(dataset).__bases__ == (DataPipeline,)
+    assert isinstance(dataset, DataPipeline) and len(dataset) == 11
+    copy = pickle.loads(pickle.dumps(dataset))  # the class made at run time still pickles
+    assert type(copy) is type(dataset) and len(copy) == 11
+    assert list(copy) == all_keys(2, 3)
+
+
+def test_add_length_method_on_any_object():
+    obj = add_length_method(Sized(5))
+    assert len(obj) == 5 and isinstance(obj, Sized)
+    assert isinstance(obj, torch.utils.data.IterableDataset)  # as in webdataset
+    obj.size = 6
+    assert len(obj) == 6  # read at call time
+    assert len(pickle.loads(pickle.dumps(obj))) == 6
+    assert type(add_length_method(Sized(1))) is type(obj)  # one class per base
+
+
+def test_add_length_method_reaches_spawned_workers(tmp_path):
+    urls = make_shards(tmp_path, 2, 3)
+    dataset = DataPipeline(SimpleShardList(urls), split_by_worker, tarfile_to_samples(), keys)
+    dataset.size = 6
+    add_length_method(dataset)
+    loader = torch.utils.data.DataLoader(dataset, num_workers=2, batch_size=None,
+                                         multiprocessing_context="spawn")
+    assert sorted(loader) == all_keys(2, 3)
 
 
 # -- DataLoader workers

@@ -17,6 +17,7 @@ new epoch's seeds take effect at once.
 """
 
 import copy
+import functools
 import os
 import sys
 import warnings
@@ -26,7 +27,51 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from .utils import PipelineStage
 
-__all__ = ["DataPipeline"]
+__all__ = ["DataPipeline", "add_length_method"]
+
+
+def _size_len(self):
+    return self.size
+
+
+def _rebuild_with_length(base, state):
+    """Unpickle an object given a length by ``add_length_method``: rebuild as ``base``, then add it."""
+    obj = base.__new__(base)
+    if hasattr(obj, "__setstate__"):
+        obj.__setstate__(state)
+    else:
+        obj.__dict__.update(state or {})
+    return add_length_method(obj)
+
+
+def _reduce_with_length(self, protocol):
+    base = type(self)._length_base
+    getstate = getattr(self, "__getstate__", None)  # object has one only from Python 3.11
+    state = getstate() if getstate is not None else dict(self.__dict__)
+    return _rebuild_with_length, (base, state)
+
+
+@functools.lru_cache(maxsize=None)
+def _length_class(base):
+    """``base`` with ``__len__`` returning ``self.size``; one class per base, made once."""
+    namespace = {"__len__": _size_len, "__reduce_ex__": _reduce_with_length, "_length_base": base,
+                 "__module__": base.__module__, "__qualname__": base.__qualname__ + "_Length"}
+    bases = (base,) if issubclass(base, IterableDataset) else (base, IterableDataset)
+    return type(base.__name__ + "_Length", bases, namespace)
+
+
+def add_length_method(obj):
+    """Give ``obj`` a ``__len__`` returning ``obj.size`` (webdataset's way to fake a length).
+
+    As in webdataset, ``obj``'s class is switched to a subclass that has the
+    method (and is an IterableDataset). That subclass is made at run time, so
+    it pickles as "rebuild as the original class, then add the length again",
+    and the object still travels to spawned DataLoader workers.
+    ``DataPipeline.with_length`` sets a plain attribute instead.
+    """
+    if "_length_base" not in type(obj).__dict__:
+        obj.__class__ = _length_class(type(obj))
+    return obj
 
 
 def _flatten(stages):
@@ -75,8 +120,18 @@ class DataPipeline(IterableDataset):
                              f"be an iterable source; later stages take the upstream iterator")
         self.pipeline.append(f)
 
-    def compose(self, *args):
-        """A copy of the pipeline with ``args`` appended; the original is unchanged."""
+    def compose(self, *args, **kw):
+        """A copy of the pipeline with ``args`` appended; the original is unchanged.
+
+        The older form ``compose(cls, *args, **kw)``, with a class first, wraps
+        the pipeline instead: it returns ``cls(self, *args, **kw)`` (as in
+        ``dataset.compose(wds.DBCache, "cache.db", 1000)``).
+        """
+        if args and isinstance(args[0], type):
+            return args[0](self, *args[1:], **kw)
+        if kw:
+            raise TypeError(f"compose() takes keyword arguments only with a class first, "
+                            f"not with {args[0]!r}" if args else "compose() got no stages")
         result = copy.copy(self)
         result.pipeline = list(self.pipeline)
         result._drop_source()
