@@ -784,3 +784,52 @@ def test_002_downloaded_shards_override_through_the_cache(corpus, http_server, t
     url = http_server.url("openimages-train-000000.tar")  # not on the server at all
     dataset = wds.WebDataset(url, cache_dir=str(cache), cache_name=os.path.basename)
     assert len(list(dataset)) == 25 and http_server.requests() == []
+
+
+# -- 000's table of usage scenarios, one test per row that the tests above do not cover
+
+
+@pytest.fixture
+def bucket(corpus, s3_server):
+    """The OpenImages-like shards in an S3 bucket on the local S3 server."""
+    s3_server.create_bucket("nvdata-openimages")
+    for index in range(4):
+        with open(_shard_path(corpus, index=index), "rb") as stream:
+            s3_server.put("nvdata-openimages", f"openimages-train-{index:06d}.tar", stream.read())
+    return "s3://nvdata-openimages/openimages-train-{000000..000003}.tar"
+
+
+def test_000_cloud_training_against_cloud_buckets(bucket):
+    """Row 1: use WebDataset directly with cloud URLs."""
+    dataset = wds.WebDataset(bucket, shardshuffle=10).decode("rgb8").to_tuple("jpg", "json")
+    loader = wds.WebLoader(dataset.listed(25), num_workers=2, batch_size=None)
+    batches = list(loader)
+    assert [len(batch) for batch in batches] == [25] * 4
+    assert batches[0][0][0].dtype == torch.uint8 and batches[0][0][0].shape[2] == 3  # DataLoader converts
+
+
+def test_000_slower_object_store_with_shard_cache(bucket, s3_server, tmp_path):
+    """Row 4: shard caching for the entire dataset; the second pass needs no store at all."""
+    dataset = wds.WebDataset(bucket, cache_dir=str(tmp_path / "cache"))
+    first = [s["__key__"] for s in dataset]
+    for index in range(4):
+        s3_server.client().delete_object(Bucket="nvdata-openimages",
+                                         Key=f"openimages-train-{index:06d}.tar")
+    assert [s["__key__"] for s in dataset] == first and len(first) == 100
+
+
+def test_000_other_iterable_sources_with_dbcache(tmp_path):
+    """Row 6: DBCache in front of an IterableDataset that is not a WebDataset."""
+
+    class SlowSource(IterableDataset):
+        reads = 0
+
+        def __iter__(self):
+            SlowSource.reads += 1
+            for i in range(30):
+                yield {"__key__": f"row{i}", "value": i * i}
+
+    dataset = wds.DBCache(SlowSource(), str(tmp_path / "cache.db"), 30, verbose=False)
+    assert [s["value"] for s in dataset] == [i * i for i in range(30)]
+    assert [s["value"] for s in dataset] == [i * i for i in range(30)]
+    assert SlowSource.reads == 1
