@@ -1,0 +1,1 @@
+"""Tests of wdsmp.fast, the FastLoader."""

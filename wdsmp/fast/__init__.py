@@ -1,0 +1,1 @@
+"""FastLoader: a multiprocess shared-memory loader built on wdsmp's stages."""

@@ -1,0 +1,91 @@
+"""What travels on the loader's queues: small frozen dataclasses, never pixels.
+
+Pixels stay in the ring; a queue carries a slot index inside ``BatchReady``,
+a worker's end of epoch, a failure as data (type, message, traceback text,
+where), or ``Stop``. They are plain data, so they pickle small and the same
+under spawn and forkserver.
+"""
+
+import traceback as _traceback
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import WorkerError
+
+__all__ = ["BatchReady", "Stop", "WorkerDone", "WorkerFailed"]
+
+
+@dataclass(frozen=True)
+class BatchReady:
+    """Worker ``worker`` filled ring slot ``slot`` with its batch number ``index`` of ``epoch``.
+
+    ``index`` counts the worker's own batches (0, 1, ...; those delivered
+    before a resume included), so the loader can deliver in the plan's round
+    robin order in every mode (NOTE [plan: exactly once, equal batches]; with
+    known counts it is the rank's batch ``worker + index * num_workers``).
+    ``count`` is how many rows of the slot hold samples (a worker's last batch
+    may be short when sample counts are unknown).
+    """
+
+    slot: int
+    worker: int
+    epoch: int
+    index: int
+    count: int
+
+
+@dataclass(frozen=True)
+class WorkerDone:
+    """Worker ``worker`` finished ``epoch``: what it produced, and how many samples it skipped."""
+
+    worker: int
+    epoch: int
+    batches: int
+    samples: int
+    skipped: int
+
+
+def _type_name(exn_type):
+    module = exn_type.__module__
+    return exn_type.__qualname__ if module == "builtins" else f"{module}.{exn_type.__qualname__}"
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    """Worker ``worker`` failed: the exception as text, and the shard and member it was reading.
+
+    Exceptions travel as data because they may not pickle (or unpickle in the
+    main process); ``to_error()`` rebuilds a ``WorkerError`` to raise there.
+    """
+
+    worker: int
+    exc_type: str
+    message: str
+    traceback: str
+    shard: Optional[str] = None
+    member: Optional[str] = None
+
+    @classmethod
+    def from_exception(cls, worker, exn, shard=None, member=None):
+        """The message for ``exn`` raised in ``worker``; shard and member default to the error's own
+        (wdsmp's data errors carry ``url`` and ``member``)."""
+        if shard is None and isinstance(getattr(exn, "url", None), str):
+            shard = exn.url
+        if member is None and isinstance(getattr(exn, "member", None), str):
+            member = exn.member
+        text = "".join(_traceback.format_exception(type(exn), exn, exn.__traceback__))
+        return cls(worker, _type_name(type(exn)), str(exn), text, shard, member)
+
+    def to_error(self):
+        """A ``WorkerError`` naming the worker, shard and member, with the worker's traceback."""
+        where = "".join([f", shard {self.shard!r}" if self.shard is not None else "",
+                         f", member {self.member!r}" if self.member is not None else ""])
+        error = WorkerError(f"loader worker {self.worker} failed{where}: {self.exc_type}: {self.message}\n"
+                            f"--- traceback in worker {self.worker} ---\n{self.traceback.rstrip()}")
+        error.worker, error.shard, error.member, error.exc_type = self.worker, self.shard, self.member, self.exc_type
+        return error
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Sentinel: the receiving worker (or thread) stops now."""

@@ -1,0 +1,378 @@
+"""The plan of an epoch: which worker of which rank reads which samples, in what order.
+
+Pure and deterministic: every rank computes the same global plan from the
+same arguments and keeps its own part, so ranks never need to talk, and a
+plan can be rebuilt mid-epoch from a ``PlanPosition``.
+
+NOTE [plan: exactly once, equal batches]
+    * Order. Shards are permuted by ``random.Random(make_seed(seed, epoch))``
+      (kept in order with ``shuffle=False``), the same on every rank. With all
+      sample counts known this makes one global sequence of N samples.
+    * "samples" mode (all counts known): every rank gets the same budget of P
+      samples, a multiple of the batch size B, so every rank yields exactly
+      P / B full batches and DDP's collectives line up.
+        - ``policy="drop"``: P = floor(floor(N / world) / B) * B. The last
+          N - world * P samples of the sequence are read by nobody this epoch
+          (``EpochPlan.dropped``); they change with the order every epoch.
+        - ``policy="pad"``: P = ceil(ceil(N / world) / B) * B. The sequence is
+          extended with world * P - N samples taken again from its start
+          (``ShardRange.pad``), as torch's DistributedSampler pads.
+      Rank r reads positions [r * P, (r + 1) * P). Ranges split shards at
+      sample granularity: a shard may be shared by two ranks or workers, the
+      second reading through the first's samples to reach its own.
+    * Workers. A rank's batches are dealt round-robin: batch i comes from
+      worker i % W, as that worker's batch i // W. Each worker owns one
+      contiguous region of the rank's positions, its batches one after the
+      other, so it streams its shards front to back. Regions are disjoint and
+      cover the budget: with the ranks' budgets, every sample of the sequence
+      is read exactly once (drop: except ``dropped``; pad: plus the repeats).
+    * Delivery order and resume. The loader hands out batches in index order
+      (round robin over workers). After d batches worker w has delivered
+      ``round_robin_share(d, W)[w]`` batches, the first ones of its region, so
+      ``PlanPosition(epoch, d)`` resumes with exactly the rest:
+      ``WorkerPlan.skip_batches`` counts the delivered ones and
+      ``WorkerPlan.shards()`` starts after them. A worker that reorders
+      samples within its region (a shuffle buffer) must instead replay
+      ``shards(resume=False)`` and drop its first ``skip_batches`` batches.
+      Resuming needs the same shards, seed, world size, workers, batch size
+      and policy; a position that carries ``worker_batches`` is checked
+      against ``num_workers``.
+    * "shards" mode (some count unknown): shard granularity. The epoch's
+      order is cut into world equal runs of whole shards: floor(S / world)
+      each (drop, the rest in ``dropped``) or ceil(S / world) (pad, repeated
+      shards marked ``pad``); shard j of a rank goes to worker j % W. Every
+      shard is read once, but batch counts are unknown and may differ between
+      ranks: for DDP give counts (from an index) or use resampled mode. The
+      loader delivers round robin, skipping workers that are done, so a
+      position needs ``worker_batches`` (what each worker delivered), and a
+      worker reads and drops ``WorkerPlan.discard`` samples before its first
+      batch.
+    * "resampled" mode: each worker draws shards with replacement, forever,
+      from a generator seeded by (seed, epoch, rank, worker); an epoch is
+      ``epoch_batches`` batches per rank, dealt round robin as above. Resume
+      skips whole drawn shards by count when counts are known, else discards.
+"""
+
+import bisect
+import operator
+import random
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+from ..utils import make_seed
+
+__all__ = [
+    "POLICIES",
+    "EpochPlan",
+    "PlanPosition",
+    "ShardRange",
+    "WorkerPlan",
+    "plan_epoch",
+    "round_robin_share",
+    "shard_order",
+]
+
+POLICIES = ("drop", "pad")
+
+
+def _index(value, what, low=0):
+    """``value`` as an int >= ``low``; ValueError otherwise (bools are not ints here)."""
+    try:
+        number = operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or isinstance(value, bool) or number < low:
+        raise ValueError(f"{what} must be an int >= {low}, not {value!r}")
+    return number
+
+
+@dataclass(frozen=True)
+class ShardRange:
+    """Samples ``[start, stop)`` of shard number ``shard`` (its index in the shard list) at ``url``.
+
+    ``stop`` is None when the shard's sample count is unknown (to the end).
+    ``pad`` marks samples repeated to fill a rank's budget.
+    """
+
+    shard: int
+    url: str
+    start: int
+    stop: Optional[int]
+    pad: bool = False
+
+    @property
+    def count(self):
+        return None if self.stop is None else self.stop - self.start
+
+
+@dataclass(frozen=True)
+class PlanPosition:
+    """Where an epoch stands: ``batches_done`` batches of ``epoch`` delivered on this rank.
+
+    ``worker_batches`` (optional in the exact modes, needed in "shards" mode)
+    is how many of them each worker delivered.
+    """
+
+    epoch: int
+    batches_done: int = 0
+    worker_batches: Optional[Tuple[int, ...]] = None
+
+    def __post_init__(self):
+        _index(self.epoch, "epoch")
+        _index(self.batches_done, "batches_done")
+        if self.worker_batches is not None:
+            counts = tuple(_index(n, "worker_batches entries") for n in self.worker_batches)
+            if sum(counts) != self.batches_done:
+                raise ValueError(f"worker_batches {counts} do not add up to batches_done={self.batches_done}")
+            object.__setattr__(self, "worker_batches", counts)
+
+
+def _ceil_div(a, b):
+    return -(-a // b)
+
+
+def round_robin_share(batches, num_workers):
+    """How many of ``batches`` batches dealt round robin each of ``num_workers`` workers gets."""
+    quotient, remainder = divmod(batches, num_workers)
+    return tuple(quotient + (w < remainder) for w in range(num_workers))
+
+
+def shard_order(nshards, seed, epoch, shuffle=True):
+    """The epoch's order of shard indices: a permutation from ``make_seed(seed, epoch)``."""
+    order = list(range(nshards))
+    if shuffle:
+        random.Random(make_seed(seed, epoch)).shuffle(order)
+    return order
+
+
+def _skip(ranges, nsamples):
+    """``ranges`` without their first ``nsamples`` samples (counts known)."""
+    for r in ranges:
+        if nsamples >= r.count:
+            nsamples -= r.count
+            continue
+        yield ShardRange(r.shard, r.url, r.start + nsamples, r.stop, r.pad)
+        nsamples = 0
+
+
+@dataclass(frozen=True)
+class WorkerPlan:
+    """One worker's part of an epoch; picklable, sent to the worker at start.
+
+    ``ranges`` is the worker's whole region of the epoch (empty in resampled
+    mode, where ``pool`` holds the ``(url, count)`` pairs to draw from);
+    ``num_batches`` the batches it makes in the epoch (None: unknown);
+    ``skip_batches`` how many of them were delivered before a resume;
+    ``discard`` how many samples it must read and drop before its first batch
+    (counts unknown); ``seed`` seeds its own randomness (shuffle buffers,
+    augmentation). See NOTE [plan: exactly once, equal batches].
+    """
+
+    mode: str
+    epoch: int
+    rank: int
+    worker: int
+    num_workers: int
+    batch_size: int
+    seed: int
+    ranges: Tuple[ShardRange, ...]
+    num_batches: Optional[int]
+    skip_batches: int
+    discard: int
+    pool: Tuple[Tuple[str, Optional[int]], ...] = ()
+
+    def shards(self, resume=True):
+        """The shard ranges to read, in order; without the delivered batches' samples when they can
+        be skipped by count (``resume=False``: from the start of the region). Infinite in resampled mode."""
+        if self.mode == "resampled":
+            return self._draws(resume)
+        if resume and self.mode == "samples":
+            return _skip(self.ranges, self.skip_batches * self.batch_size)
+        return iter(self.ranges)
+
+    def _draws(self, resume):
+        rng = random.Random(make_seed(self.seed, "resampled"))
+        known = all(count is not None for _, count in self.pool)
+        skip = self.skip_batches * self.batch_size if resume and known else 0
+        while True:
+            shard = rng.randrange(len(self.pool))
+            url, count = self.pool[shard]
+            if count is None:
+                yield ShardRange(shard, url, 0, None)
+            elif skip >= count:
+                skip -= count
+            else:
+                yield ShardRange(shard, url, skip, count)
+                skip = 0
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One rank's plan of one epoch: its workers' parts, and what no rank reads.
+
+    ``batches_per_rank`` is the same on every rank (None in "shards" mode);
+    ``order`` is the epoch's shard order, shared by all ranks; ``dropped``
+    the samples (or shards) nobody reads this epoch.
+    """
+
+    mode: str
+    epoch: int
+    rank: int
+    world_size: int
+    num_workers: int
+    batch_size: int
+    policy: str
+    batches_per_rank: Optional[int]
+    batches_done: int
+    order: Tuple[int, ...]
+    workers: Tuple[WorkerPlan, ...]
+    dropped: Tuple[ShardRange, ...]
+
+    @property
+    def remaining(self):
+        """Batches left to deliver on this rank (None when unknown)."""
+        return None if self.batches_per_rank is None else self.batches_per_rank - self.batches_done
+
+
+def _shard_table(shards):
+    """``[(url, count or None), ...]`` from URLs or ``(url, count)`` pairs."""
+    table = []
+    for item in shards:
+        try:
+            url, count = (item, None) if isinstance(item, str) else item
+        except (TypeError, ValueError):
+            url = None
+        if not isinstance(url, str):
+            raise ValueError(f"a shard must be a URL or a (url, count) pair, not {item!r}")
+        table.append((url, None if count is None else _index(count, f"sample count of {url!r}")))
+    if not table:
+        raise ValueError("an epoch plan needs at least one shard")
+    return tuple(table)
+
+
+def _slice(entries, cum, start, stop):
+    """Ranges of global positions ``[start, stop)`` of the sequence ``entries``; positions past its
+    end wrap to its start as padding."""
+    total, ranges, p = cum[-1], [], start
+    while p < stop:
+        lap, q = divmod(p, total)
+        j = bisect.bisect_right(cum, q) - 1  # the shard holding position q (empty shards skipped)
+        shard, url, _ = entries[j]
+        take = min(stop - p, cum[j + 1] - q)
+        ranges.append(ShardRange(shard, url, q - cum[j], q - cum[j] + take, lap > 0))
+        p += take
+    return tuple(ranges)
+
+
+def _consumed(position, num_workers):
+    """Per-worker delivered batches of an exact-mode position (checked against its worker_batches)."""
+    derived = round_robin_share(position.batches_done, num_workers)
+    if position.worker_batches is not None and position.worker_batches != derived:
+        raise ValueError(f"position's worker_batches {position.worker_batches} are not the round-robin "
+                         f"share {derived} of {position.batches_done} batches over {num_workers} workers: "
+                         f"was it saved with other loader settings?")
+    return derived
+
+
+def _samples_plan(table, order, position, rank, world, nworkers, bsize, policy):
+    entries = [(i, table[i][0], table[i][1]) for i in order]
+    cum = [0]
+    for _, _, count in entries:
+        cum.append(cum[-1] + count)
+    total = cum[-1]
+    if total == 0:
+        raise ValueError("the shards hold no samples")
+    if policy == "drop":
+        budget = total // world // bsize * bsize
+        if budget == 0:
+            raise ValueError(f"{total} samples are too few for {world} ranks of batch_size {bsize} "
+                             f"with policy='drop' (not one full batch per rank); use policy='pad'")
+    else:
+        budget = _ceil_div(_ceil_div(total, world), bsize) * bsize
+    nbatches = budget // bsize
+    if position.batches_done > nbatches:
+        raise ValueError(f"position {position} is past the end of the epoch ({nbatches} batches per rank)")
+    shares, done = round_robin_share(nbatches, nworkers), _consumed(position, nworkers)
+    regions, start = [], rank * budget
+    for w in range(nworkers):
+        regions.append(_slice(entries, cum, start, start + shares[w] * bsize))
+        start += shares[w] * bsize
+    dropped = _slice(entries, cum, world * budget, total) if world * budget < total else ()
+    return nbatches, shares, done, regions, dropped
+
+
+def _shards_plan(table, order, position, rank, world, nworkers, policy):
+    if position.batches_done and position.worker_batches is None:
+        raise ValueError("resuming an epoch whose sample counts are unknown needs the position's "
+                         "worker_batches (what each worker delivered)")
+    if position.worker_batches is not None and len(position.worker_batches) != nworkers:
+        raise ValueError(f"position has worker_batches for {len(position.worker_batches)} workers, "
+                         f"the plan has {nworkers}")
+    nshards = len(order)
+    if policy == "drop":
+        per_rank = nshards // world
+        if per_rank == 0:
+            raise ValueError(f"{nshards} shards are too few for {world} ranks with policy='drop'; "
+                             f"use policy='pad' or give sample counts")
+    else:
+        per_rank = _ceil_div(nshards, world)
+    sequence = [(i, False) for i in order] + [(order[j % nshards], True) for j in range(per_rank * world - nshards)]
+    mine = sequence[rank * per_rank:(rank + 1) * per_rank]
+    regions = [tuple(ShardRange(i, table[i][0], 0, table[i][1], pad) for i, pad in mine[w::nworkers])
+               for w in range(nworkers)]
+    dropped = tuple(ShardRange(i, table[i][0], 0, table[i][1]) for i, _ in sequence[per_rank * world:])
+    done = position.worker_batches or (0,) * nworkers
+    return regions, dropped, done
+
+
+def plan_epoch(shards, position=0, *, batch_size, seed=0, rank=0, world_size=1, num_workers=1,
+               policy="drop", shuffle=True, resampled=False, epoch_batches=None):
+    """This rank's plan of an epoch; see NOTE [plan: exactly once, equal batches].
+
+    ``shards``: URLs, or ``(url, count)`` pairs (count None: unknown).
+    ``position``: an epoch number, or a ``PlanPosition`` to resume from.
+    ``policy``: "drop" or "pad", to give every rank the same number of
+    batches. ``resampled=True``: draw shards with replacement, forever; an
+    epoch is then ``epoch_batches`` batches per rank (policy and shuffle do
+    not apply).
+    """
+    table = _shard_table(shards)
+    position = position if isinstance(position, PlanPosition) else PlanPosition(position)
+    bsize = _index(batch_size, "batch_size", 1)
+    world = _index(world_size, "world_size", 1)
+    rank = _index(rank, "rank")
+    nworkers = _index(num_workers, "num_workers", 1)
+    if rank >= world:
+        raise ValueError(f"rank {rank} is not below world_size {world}")
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
+    epoch = position.epoch
+    known = all(count is not None for _, count in table)
+    seeds = [make_seed(seed, epoch, rank, w) for w in range(nworkers)]
+    if resampled:
+        nbatches = _index(epoch_batches, "epoch_batches (needed with resampled=True)", 1)
+        if known and sum(count for _, count in table) == 0:
+            raise ValueError("the shards hold no samples")
+        if position.batches_done > nbatches:
+            raise ValueError(f"position {position} is past the end of the epoch ({nbatches} batches per rank)")
+        shares, done = round_robin_share(nbatches, nworkers), _consumed(position, nworkers)
+        workers = tuple(WorkerPlan("resampled", epoch, rank, w, nworkers, bsize, seeds[w], (), shares[w], done[w],
+                                   0 if known else done[w] * bsize, table) for w in range(nworkers))
+        return EpochPlan("resampled", epoch, rank, world, nworkers, bsize, policy, nbatches,
+                         position.batches_done, (), workers, ())
+    if epoch_batches is not None:
+        raise ValueError("epoch_batches applies to resampled=True only; "
+                         "without resampling an epoch is every shard once")
+    order = tuple(shard_order(len(table), seed, epoch, shuffle))
+    if known:
+        nbatches, shares, done, regions, dropped = _samples_plan(table, order, position, rank, world,
+                                                                 nworkers, bsize, policy)
+        workers = tuple(WorkerPlan("samples", epoch, rank, w, nworkers, bsize, seeds[w], regions[w], shares[w],
+                                   done[w], 0) for w in range(nworkers))
+        return EpochPlan("samples", epoch, rank, world, nworkers, bsize, policy, nbatches,
+                         position.batches_done, order, workers, dropped)
+    regions, dropped, done = _shards_plan(table, order, position, rank, world, nworkers, policy)
+    workers = tuple(WorkerPlan("shards", epoch, rank, w, nworkers, bsize, seeds[w], regions[w], None,
+                               done[w], done[w] * bsize) for w in range(nworkers))
+    return EpochPlan("shards", epoch, rank, world, nworkers, bsize, policy, None,
+                     position.batches_done, order, workers, dropped)
