@@ -1,0 +1,334 @@
+"""One image's bytes to a fixed-size RGB crop, written straight into a slot row.
+
+FastLoader's decode step (DESIGN.md §3, step 4). The crop box is chosen in
+the source's full-resolution pixels from the header alone; a JPEG is then
+decoded by libjpeg-turbo at the smallest DCT scale (1/8, 1/4 or 1/2) that
+still leaves the box at least as large as the output (less IDCT, colour
+conversion and memory; the entropy decoding stays), and the native kernel resizes (antialiased), crops and flips
+the box into ``out`` in one pass. Raw pixels (binary ``.ppm``, ``.npy``) skip
+decoding altogether, FFCV's recipe for speed. Everything else goes through
+Pillow: slower, not an error.
+
+The boxes follow torchvision: :func:`random_resized_crop_box` is
+``RandomResizedCrop``'s parameter draw, :func:`center_crop_box` is
+``Resize(floor(size / resize_ratio))`` then ``CenterCrop(size)``, so a model
+trained with torchvision transforms sees the same geometry.
+"""
+
+import io
+import math
+import re
+from typing import NamedTuple, Tuple
+
+import numpy as np
+
+from .. import native
+from ..errors import DecodeError
+
+__all__ = [
+    "MAX_PIXELS",
+    "MAX_SIDE",
+    "ImageInfo",
+    "center_crop_box",
+    "decode_into",
+    "dct_scale",
+    "random_resized_crop_box",
+]
+
+# Headers claiming more than this are refused before anything is allocated: a
+# few bytes can claim gigabytes of pixels (a decompression bomb).
+MAX_SIDE = 32768
+MAX_PIXELS = 1 << 28
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+_NPY_MAGIC = b"\x93NUMPY"
+_PNM_NUMBER = re.compile(rb"(?:\s|#[^\n]*\n)+(\d+)")
+
+
+class ImageInfo(NamedTuple):
+    """What :func:`decode_into` did to one image."""
+
+    height: int  # the source's size, in pixels
+    width: int
+    box: Tuple[float, float, float, float]  # (y0, x0, h, w) in source pixels
+    flipped: bool
+    decoded: Tuple[int, int]  # the size actually decoded: smaller than the source after DCT scaling
+    kind: str  # "jpeg", "ppm", "npy" or "pil"
+
+
+def _check_range(name, pair):
+    if not 0 < pair[0] <= pair[1]:
+        raise ValueError(f"{name} {pair} is not (low, high) with 0 < low <= high")
+
+
+def _check_resize_ratio(resize_ratio):
+    if not 0 < resize_ratio <= 1:
+        raise ValueError(f"resize_ratio {resize_ratio} is not in (0, 1]")
+
+
+def _uniform(rng, low, high):
+    return low + (high - low) * rng.random()
+
+
+def _randint(rng, n):
+    """A uniform integer in ``[0, n)``."""
+    return min(int(rng.random() * n), n - 1)
+
+
+def random_resized_crop_box(height, width, rng, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """torchvision's ``RandomResizedCrop.get_params``: ``(y0, x0, h, w)`` in source pixels.
+
+    Ten tries at a box of a random area fraction in ``scale`` and a log-uniform
+    aspect ratio (w / h) in ``ratio`` that fits the image; then the fallback: the
+    largest centred box whose aspect ratio is clamped into ``ratio``. ``rng``
+    is anything with a ``random()`` method (``random.Random``, a numpy
+    ``Generator``); the draws are torchvision's, from that source.
+    """
+    if height < 1 or width < 1:
+        raise ValueError(f"image size {height}x{width} is empty")
+    _check_range("scale", scale)
+    _check_range("ratio", ratio)
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target_area = area * _uniform(rng, scale[0], scale[1])
+        aspect = math.exp(_uniform(rng, log_ratio[0], log_ratio[1]))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return _randint(rng, height - h + 1), _randint(rng, width - w + 1), h, w
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, int(round(width / ratio[0]))
+    elif in_ratio > ratio[1]:
+        w, h = int(round(height * ratio[1])), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def center_crop_box(height, width, size, resize_ratio=0.875):
+    """The eval box: ``(y0, x0, h, w)`` in source pixels (floats).
+
+    The convention is torchvision's ``Resize(S)`` then ``CenterCrop(size)``
+    with ``S = floor(max(size) / resize_ratio)`` (256 for 224 at 0.875, as timm
+    computes it): the short side is resized to ``S``, the long side to
+    ``int(S * long / short)``, the crop's top-left corner is at
+    ``round((resized - size) / 2)`` (Python's round) in the resized image. The
+    box is that crop mapped back to source pixels, so resizing it to ``size``
+    gives the same pixel grid as resizing the whole image and cropping.
+    ``size`` is an int or ``(h, w)``.
+    """
+    out_h, out_w = (size, size) if np.ndim(size) == 0 else size
+    if height < 1 or width < 1:
+        raise ValueError(f"image size {height}x{width} is empty")
+    if out_h < 1 or out_w < 1:
+        raise ValueError(f"crop size {size} is empty")
+    _check_resize_ratio(resize_ratio)
+    short = math.floor(max(out_h, out_w) / resize_ratio)
+    if width <= height:
+        new_w, new_h = short, int(short * height / width)
+    else:
+        new_w, new_h = int(short * width / height), short
+    top, left = int(round((new_h - out_h) / 2.0)), int(round((new_w - out_w) / 2.0))
+    sy, sx = height / new_h, width / new_w
+    y0, x0 = top * sy, left * sx
+    return y0, x0, min(out_h * sy, height - y0), min(out_w * sx, width - x0)
+
+
+def dct_scale(height, width, box_h, box_w, out_h, out_w):
+    """The numerator ``n`` of the libjpeg-turbo scale ``n/8`` to decode at: the
+    smallest of 1/8, 1/4 and 1/2 that leaves the box at least ``out_h x out_w``,
+    else 8 (full size).
+
+    Only those: libjpeg-turbo has SIMD code for the 1/2 and 1/4 reduced IDCTs
+    (1/8 keeps only the DC term), while 3/8 and 5/8 to 7/8 run generic scalar
+    IDCTs: 3/8 decodes slower than 1/2, 5/8 to 7/8 slower than full size
+    (measured in benchmarks/RESULTS.md). simplejpeg, given ``min_height=ceil(height n / 8)``
+    and ``min_width=ceil(width n / 8)``, picks the smallest scale whose output
+    is at least that large; that is ``n`` itself when a side has 8 pixels or
+    more (any smaller scale shortens that side), so tinier images are not scaled.
+    """
+    if max(height, width) < 8:
+        return 8
+    for n in (1, 2, 4):
+        if box_h * n >= 8 * out_h and box_w * n >= 8 * out_w:
+            return n
+    return 8
+
+
+class _Refused(ValueError):
+    """An image this module will not decode; :func:`decode_into` reraises it as a DecodeError."""
+
+
+def _check_size(height, width, what):
+    if height < 1 or width < 1 or height > MAX_SIDE or width > MAX_SIDE or height * width > MAX_PIXELS:
+        raise _Refused(f"{what} is {width}x{height} pixels, outside the limits (sides 1 to "
+                       f"{MAX_SIDE}, at most {MAX_PIXELS} pixels); refusing to decode it")
+
+
+def _pnm_pixels(data):
+    """HxWxC pixels of a binary 8-bit PPM (P6) or PGM (P5), viewing ``data``; None for other PNMs."""
+    channels = 3 if data[:2] == b"P6" else 1
+    numbers, pos = [], 2
+    for _ in range(3):
+        match = _PNM_NUMBER.match(data, pos)
+        if match is None:
+            return None
+        numbers.append(int(match.group(1)))
+        pos = match.end()
+    width, height, maxval = numbers
+    if maxval != 255 or not bytes(data[pos:pos + 1]).isspace():
+        return None
+    pos += 1  # a single whitespace byte ends the header
+    _check_size(height, width, "the PNM image")
+    size = height * width * channels
+    if len(data) < pos + size:
+        raise _Refused(f"the PNM image is cut short: {len(data) - pos} bytes of pixels, {size} expected")
+    return np.frombuffer(data, np.uint8, size, pos).reshape(height, width, channels)
+
+
+def _npy_pixels(data):
+    """HxWxC pixels of an ``.npy`` uint8 array (HxWx3, HxWx1 or HxW), viewing ``data`` when C-ordered."""
+    stream = io.BytesIO(data)
+    version = np.lib.format.read_magic(stream)
+    read_header = {(1, 0): np.lib.format.read_array_header_1_0,
+                   (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+    if read_header is None:
+        raise _Refused(f".npy format version {version} is not supported")
+    shape, fortran, dtype = read_header(stream)
+    if dtype != np.uint8 or len(shape) not in (2, 3) or (len(shape) == 3 and shape[2] not in (1, 3)):
+        raise _Refused(f"a .npy image must be a uint8 HxWx3, HxWx1 or HxW array, not {dtype} {shape}")
+    _check_size(shape[0], shape[1], "the .npy image")
+    size = math.prod(shape)
+    if len(data) < stream.tell() + size:
+        raise _Refused(f"the .npy array is cut short: {len(data) - stream.tell()} bytes, {size} expected")
+    pixels = np.frombuffer(data, np.uint8, size, stream.tell()).reshape(shape, order="F" if fortran else "C")
+    if pixels.ndim == 2:
+        pixels = pixels[:, :, None]
+    return np.ascontiguousarray(pixels)
+
+
+def _pil_pixels(data):
+    """HxWx3 pixels through Pillow; the size is checked before the pixels are decoded."""
+    import PIL
+    import PIL.Image
+
+    try:
+        image = PIL.Image.open(io.BytesIO(data))
+    except PIL.Image.DecompressionBombError as exn:
+        raise _Refused(str(exn)) from exn
+    except PIL.UnidentifiedImageError as exn:
+        raise _Refused(f"not an image format Pillow knows (it starts {bytes(data[:8])!r})") from exn
+    with image:
+        _check_size(image.height, image.width, f"the {image.format} image")
+        image.load()
+        return np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
+
+
+def _jpeg_pixels(data, box_of, out_size, dct_scaling):
+    """``(pixels, height, width, box, box in pixels, kind)`` of a JPEG, decoded at a DCT
+    scale that covers the box; None for what libjpeg-turbo cannot read or would convert
+    differently (CMYK). What it refuses after the header goes to Pillow, as in autodecode:
+    Pillow reads some damaged files (extraneous bytes, bad markers) that strict
+    libjpeg-turbo does not, and the reference path decodes them."""
+    import simplejpeg
+
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return None
+    if colorspace in ("CMYK", "YCCK"):
+        return None
+    _check_size(height, width, "the JPEG image")
+    box = box_of(height, width)
+    n = dct_scale(height, width, box[2], box[3], *out_size) if dct_scaling else 8
+    # ceil(side n / 8): simplejpeg then picks exactly n/8 (see dct_scale).
+    scaled = {} if n == 8 else {"min_height": -(-height * n // 8), "min_width": -(-width * n // 8)}
+    try:
+        pixels = simplejpeg.decode_jpeg(data, "RGB", **scaled)
+    except ValueError:
+        return _pil_pixels(data), height, width, box, box, "pil"
+    if n == 8:
+        return pixels, height, width, box, box, "jpeg"
+    y0, x0, h, w = (v * n / 8 for v in box)  # the box in the scaled image's pixels
+    inside = (y0, x0, min(h, pixels.shape[0] - y0), min(w, pixels.shape[1] - x0))
+    return pixels, height, width, box, inside, "jpeg"
+
+
+def decode_into(data, out, train, rng, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5,
+                resize_ratio=0.875, dct_scaling=True, url=None, member=None):
+    """Decode one image's bytes into ``out`` (an HxWx3 uint8 C-contiguous array,
+    e.g. a slot row) and return an :class:`ImageInfo`.
+
+    ``train``: a :func:`random_resized_crop_box` box (``scale``, ``ratio``),
+    mirrored with probability ``flip``, drawn from ``rng`` (``random.Random`` or
+    a numpy ``Generator``). Otherwise the :func:`center_crop_box` box
+    (``resize_ratio``), never mirrored; ``rng`` may be None. ``dct_scaling=False``
+    decodes JPEGs at full size (slower, pixels closer to a Pillow reference).
+
+    The format is sniffed from the bytes: JPEG (libjpeg-turbo, grayscale
+    expanded to RGB by it; CMYK/YCCK through Pillow, whose conversion the rest
+    of wdsmp uses too), binary 8-bit PPM/PGM and ``.npy`` uint8 arrays (no
+    decoding), anything else through Pillow. Headers that claim more than
+    ``MAX_SIDE`` per side or ``MAX_PIXELS`` in all are refused before any pixel
+    is allocated. Failures raise :class:`wdsmp.DecodeError` naming ``url`` and
+    ``member``, the cause chained.
+    """
+    if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
+            and out.flags.c_contiguous and out.flags.writeable):
+        raise ValueError(f"out must be a writable C-contiguous HxWx3 uint8 array, not "
+                         f"{getattr(out, 'dtype', type(out))} {getattr(out, 'shape', '')}")
+    if train and rng is None:
+        raise ValueError("train=True needs an rng to draw crops from")
+    if not 0 <= flip <= 1:
+        raise ValueError(f"flip probability {flip} is not in [0, 1]")
+    _check_range("scale", scale)
+    _check_range("ratio", ratio)
+    _check_resize_ratio(resize_ratio)
+    out_size = out.shape[:2]
+
+    def box_of(height, width):
+        if train:
+            return random_resized_crop_box(height, width, rng, scale, ratio)
+        return center_crop_box(height, width, out_size, resize_ratio)
+
+    try:
+        decoded = _jpeg_pixels(data, box_of, out_size, dct_scaling) if bytes(data[:3]) == _JPEG_MAGIC else None
+        if decoded is None:
+            pixels, kind = _raw_pixels(data)
+            height, width = pixels.shape[:2]
+            box = scaled = box_of(height, width)
+        else:
+            pixels, height, width, box, scaled, kind = decoded
+    except _Refused as exn:
+        raise DecodeError(str(exn), url, member) from exn.__cause__
+    except (ValueError, OSError, SyntaxError) as exn:  # how libjpeg-turbo, numpy and Pillow report damage
+        raise DecodeError(f"cannot decode the image ({type(exn).__name__}: {exn})", url, member) from exn
+    flipped = bool(train and flip and rng.random() < flip)
+    _resize(pixels, scaled, out, flipped)
+    return ImageInfo(height, width, tuple(box), flipped, pixels.shape[:2], kind)
+
+
+def _raw_pixels(data):
+    """``(pixels, kind)`` of anything but a JPEG libjpeg-turbo decodes."""
+    head = bytes(data[:6])
+    pixels = None
+    if head[:2] in (b"P5", b"P6"):
+        pixels, kind = _pnm_pixels(data), "ppm"
+    elif head == _NPY_MAGIC:
+        pixels, kind = _npy_pixels(data), "npy"
+    if pixels is None:
+        pixels, kind = _pil_pixels(data), "pil"
+    return pixels, kind
+
+
+def _resize(pixels, box, out, flipped):
+    """The kernel in use (native or twin) on one box; one-channel sources are expanded to RGB."""
+    crop_resize_flip = native.imgops_module().crop_resize_flip
+    if pixels.shape[2] == 3:
+        crop_resize_flip(pixels, *box, out, flipped)
+    else:
+        gray = np.empty(out.shape[:2] + (1,), np.uint8)
+        crop_resize_flip(pixels, *box, gray, flipped)
+        out[...] = gray
