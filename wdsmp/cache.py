@@ -61,7 +61,7 @@ from .errors import ShardError, WdsmpError
 from .filters import pipelinefilter
 from .gopen import gopen, local_path
 from .handlers import reraise_exception
-from .tariterators import group_by_keys, tar_file_expander
+from .tariterators import group_by_keys, tar_file_expander, url_opener
 from .tarformat import BLOCK, GZIP_MAGIC
 
 __all__ = [
@@ -416,20 +416,7 @@ class FileCache:
         return path
 
     def __call__(self, urls):
-        for item in urls:
-            sample = {"url": item} if isinstance(item, str) else item
-            url = sample["url"]
-            try:
-                stream = self.open(url)
-            except Exception as exn:
-                if self.handler(exn):
-                    continue
-                break
-            sample = dict(sample, stream=stream)
-            path = local_path(url)
-            if path is not None:
-                sample.setdefault("local_path", path)  # the source's path, as url_opener
-            yield sample
+        return url_opener(urls, handler=self.handler, opener=self.open)
 
 
 class StreamingOpen:

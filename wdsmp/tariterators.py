@@ -112,14 +112,14 @@ def shardlist(urls, *, shuffle=False):
         yield {"url": url}
 
 
-def url_opener(data, handler=reraise_exception, **kw):
-    """For each ``{"url": ...}`` (or URL string), add an open ``stream`` to it."""
+def url_opener(data, handler=reraise_exception, opener=gopen, **kw):
+    """For each ``{"url": ...}`` (or URL string), add a ``stream`` opened by ``opener(url, **kw)``."""
     for sample in data:
         if isinstance(sample, str):
             sample = {"url": sample}
         url = sample["url"]
         try:
-            stream = gopen(url, **kw)
+            stream = opener(url, **kw)
         except Exception as exn:
             if handler(exn):
                 continue
