@@ -58,6 +58,7 @@ import torch
 from PIL import Image
 
 import wdsmp as wds
+from wdsmp.fast.loader import FastLoader
 
 BASELINE = "DataLoader pipeline"
 CROP_SIZE = 224
@@ -281,9 +282,17 @@ def decode_ceiling(corpus, args):
     return Result(rate * args.workers, other_cores=other / window, note=note)
 
 
+def fastloader(corpus, args):
+    """wdsmp's FastLoader on the same shards, with the sample counts of the corpus's index."""
+    index = os.path.join(corpus.directory, "index.json")
+    return measure_loader(lambda: FastLoader(index, args.batch_size, num_workers=args.workers,
+                                             image_size=CROP_SIZE), args)
+
+
 # Name -> function(corpus, args) -> Result, in the order they run; BASELINE first.
 CONTENDERS = {
     BASELINE: dataloader_pipeline,
+    "FastLoader": fastloader,
     "decode-only ceiling": decode_ceiling,
 }
 

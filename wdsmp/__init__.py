@@ -38,6 +38,7 @@ from .errors import (
     WorkerError,
 )
 from .extradatasets import MockDataset, with_epoch, with_length
+from .fast.loader import Batch, FastLoader
 from .filters import (
     Cached,
     LMDBCached,
@@ -93,6 +94,7 @@ from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
 __version__ = "0.1.0"
 
 __all__ = [
+    "Batch",
     "Cached",
     "Continue",
     "DBCache",
@@ -100,6 +102,7 @@ __all__ = [
     "DecodeError",
     "Decoder",
     "DecodingError",
+    "FastLoader",
     "FluidInterface",
     "FluidWrapper",
     "LMDBCached",

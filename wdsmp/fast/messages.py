@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..errors import WorkerError
 
-__all__ = ["BatchReady", "Stop", "WorkerDone", "WorkerFailed"]
+__all__ = ["BatchReady", "Stop", "WorkerDone", "WorkerFailed", "WorkerWarning"]
 
 
 @dataclass(frozen=True)
@@ -36,13 +36,15 @@ class BatchReady:
 
 @dataclass(frozen=True)
 class WorkerDone:
-    """Worker ``worker`` finished ``epoch``: what it produced, and how many samples it skipped."""
+    """Worker ``worker`` finished ``epoch``: its batch count (those delivered before a resume
+    included), the samples it wrote, those its handler skipped, and the rows it padded."""
 
     worker: int
     epoch: int
     batches: int
     samples: int
     skipped: int
+    padded: int = 0
 
 
 def _type_name(exn_type):
@@ -84,6 +86,30 @@ class WorkerFailed:
                             f"--- traceback in worker {self.worker} ---\n{self.traceback.rstrip()}")
         error.worker, error.shard, error.member, error.exc_type = self.worker, self.shard, self.member, self.exc_type
         return error
+
+
+@dataclass(frozen=True)
+class WorkerWarning:
+    """A warning issued in worker ``worker`` (``warn_and_continue`` on a bad sample, say), to be
+    issued again in the main process, where the user sees and filters warnings."""
+
+    worker: int
+    category: str
+    message: str
+
+    @classmethod
+    def from_warning(cls, worker, message, category):
+        return cls(worker, _type_name(category), str(message))
+
+    def reissue(self):
+        """``warnings.warn`` it here: the same category when it is a builtin one, else UserWarning."""
+        import builtins
+        import warnings
+
+        category = getattr(builtins, self.category, None)
+        if not (isinstance(category, type) and issubclass(category, Warning)):
+            category = UserWarning
+        warnings.warn(f"in loader worker {self.worker}: {self.message}", category, stacklevel=3)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,416 @@
+"""FastLoader end to end: real shards, real JPEGs, real worker processes and shared memory."""
+
+import collections
+import gc
+import io
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import psutil
+import pytest
+import simplejpeg
+import torch
+from PIL import Image
+
+import wdsmp
+from wdsmp.errors import WorkerError
+from wdsmp.fast.loader import Batch, FastLoader
+from wdsmp.fast.ring import SHM_DIR
+from wdsmp.shardindex import write_index
+
+SHARDS, PER_SHARD = 3, 23  # 69 samples: batches of 4 leave remainders on purpose
+SIZE = 24
+
+
+def _photo(rng, height, width):
+    """A smooth picture with some texture (JPEG-friendly, unlike noise)."""
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x * 255 // width, y * 255 // height, (x + y) * 127 // (width + height)], -1)
+    return np.clip(base + rng.integers(-20, 20, base.shape), 0, 255).astype(np.uint8)
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """``(urls, index path, {key: label})``: 3 shards of 23 JPEG samples of assorted sizes."""
+    directory = tmp_path_factory.mktemp("shards")
+    rng = np.random.default_rng(7)
+    urls, labels = [], {}
+    for s in range(SHARDS):
+        url = str(directory / f"part-{s}.tar")
+        with wdsmp.TarWriter(url) as sink:
+            for i in range(PER_SHARD):
+                key, label = f"s{s}/{i:03d}", s * PER_SHARD + i
+                pixels = _photo(rng, int(rng.integers(30, 70)), int(rng.integers(30, 70)))
+                sink.write({"__key__": key, "jpg": simplejpeg.encode_jpeg(pixels, 95), "cls": str(label).encode(),
+                            "vec.npy": _npy(np.array([label, -label], np.int32)), "txt": f"{label} 1.5".encode()})
+                labels[key] = label
+        urls.append(url)
+    index = str(directory / "index.json")
+    write_index(index, [(os.path.basename(u), PER_SHARD) for u in urls])
+    return urls, index, labels
+
+
+def _npy(array):
+    stream = io.BytesIO()
+    np.save(stream, array)
+    return stream.getvalue()
+
+
+def _rings():
+    return {n for n in os.listdir(SHM_DIR) if n.startswith("wdsmp-")}
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Every test leaves /dev/shm as it found it."""
+    before = _rings()
+    yield
+    gc.collect()
+    assert _rings() - before == set()
+
+
+def _loader(urls, **kw):
+    kw.setdefault("num_workers", 2)
+    kw.setdefault("image_size", SIZE)
+    return FastLoader(urls, kw.pop("batch_size", 4), **kw)
+
+
+def _keys(loader):
+    """Keys of one epoch, and the batch sizes."""
+    keys, sizes = [], []
+    for batch in loader:
+        keys += batch.keys
+        sizes.append(batch.count)
+    return keys, sizes
+
+
+def test_shapes_dtypes_and_labels(shards):
+    urls, index, labels = shards
+    with _loader(index, keys=True, image_size=(SIZE, SIZE + 8)) as loader:
+        assert len(loader) == SHARDS * PER_SHARD // 4
+        batches = 0
+        for batch in loader:
+            images, labels_ = batch
+            assert isinstance(batch, Batch)
+            assert images.shape == (4, SIZE, SIZE + 8, 3) and images.dtype == torch.uint8
+            assert labels_.shape == (4,) and labels_.dtype == torch.int64
+            assert [labels[k] for k in batch.keys] == labels_.tolist()
+            assert images.float().std() > 10  # real pixels, not an empty slot
+            batches += 1
+        assert batches == len(loader)
+    with _loader(index, channels_first=True) as loader:
+        images, _ = next(iter(loader))
+        assert images.shape == (4, 3, SIZE, SIZE)
+
+
+def test_exactly_once_across_two_ranks_of_two_workers(shards):
+    _, index, labels = shards
+    for policy in ("drop", "pad"):
+        per_rank = []
+        for rank in range(2):
+            with _loader(index, keys=True, rank=rank, world_size=2, policy=policy) as loader:
+                keys, sizes = _keys(loader)
+                assert len(sizes) == len(loader) and set(sizes) == {4}
+                per_rank.append(keys)
+        assert len(per_rank[0]) == len(per_rank[1])  # equal batches: DDP never waits
+        seen = collections.Counter(per_rank[0] + per_rank[1])
+        total = SHARDS * PER_SHARD
+        if policy == "drop":
+            assert max(seen.values()) == 1 and len(seen) == total // 2 // 4 * 4 * 2
+        else:
+            assert set(seen) == set(labels) and sum(seen.values()) == 2 * 36  # 69 -> 2 x 9 batches of 4
+            assert sum(n - 1 for n in seen.values()) == 72 - total
+
+
+def test_unknown_counts_read_every_sample_once(shards):
+    urls, _, labels = shards
+    with _loader(urls, keys=True, num_workers=2) as loader:
+        with pytest.raises(TypeError, match="sample count"):
+            len(loader)
+        keys, sizes = _keys(loader)
+    assert sorted(keys) == sorted(labels)
+    assert sum(sizes) == len(labels) and all(size <= 4 for size in sizes)
+
+
+def test_deterministic_under_a_seed(shards):
+    _, index, _ = shards
+
+    def run(seed, epoch):
+        with _loader(index, keys=True, seed=seed) as loader:
+            loader.set_epoch(epoch)
+            batch = next(iter(loader))
+            return list(batch.keys), batch.images.clone()
+
+    keys, pixels = run(3, 0)
+    again_keys, again_pixels = run(3, 0)
+    assert keys == again_keys and torch.equal(pixels, again_pixels)
+    assert run(4, 0)[0] != keys
+    assert run(3, 1)[0] != keys
+
+
+def test_epochs_advance_and_eval_order_is_stable(shards):
+    _, index, _ = shards
+    with _loader(index, keys=True) as loader:
+        first, second = _keys(loader)[0], _keys(loader)[0]
+        assert first != second and loader.epoch == 2
+    with _loader(index, keys=True, train=False) as loader:
+        assert _keys(loader)[0] == _keys(loader)[0][: len(_keys(loader)[0])]
+
+
+def _reference_eval(jpeg, size):
+    """torchvision's Resize(int(size / 0.875)) + CenterCrop(size), in PIL."""
+    image = Image.open(io.BytesIO(jpeg)).convert("RGB")
+    short = int(size / 0.875)
+    w, h = image.size
+    new = (short, int(short * h / w)) if w <= h else (int(short * w / h), short)
+    image = image.resize(new, Image.BILINEAR, reducing_gap=None)
+    left, top = int(round((new[0] - size) / 2)), int(round((new[1] - size) / 2))
+    return np.asarray(image.crop((left, top, left + size, top + size)))
+
+
+def test_eval_pixels_match_a_pil_reference(shards):
+    urls, _, _ = shards
+    members = {s["__key__"]: s["jpg"] for s in wdsmp.DataPipeline(wdsmp.SimpleShardList(urls[:1]),
+                                                                  wdsmp.tarfile_to_samples())}
+    with _loader(urls[:1], keys=True, train=False, dct_scaling=False) as loader:
+        for batch in loader:
+            for key, image in zip(batch.keys, batch.images.numpy()):
+                reference = _reference_eval(members[key], SIZE)
+                assert np.abs(image.astype(int) - reference).mean() < 2.0, key
+
+
+def _damage(path, key):
+    """A copy of the shard at ``path`` whose JPEG of ``key`` is garbage."""
+    samples = list(wdsmp.DataPipeline(wdsmp.SimpleShardList([path]), wdsmp.tarfile_to_samples()))
+    damaged = path.replace(".tar", "-damaged.tar")
+    with wdsmp.TarWriter(damaged) as sink:
+        for sample in samples:
+            sample = {k: v for k, v in sample.items() if not k.startswith("__") or k == "__key__"}
+            if sample["__key__"] == key:
+                sample["jpg"] = b"\xff\xd8\xff\xe0 not a jpeg at all"
+            sink.write(sample)
+    return damaged
+
+
+def test_bad_sample_names_worker_shard_and_member(shards):
+    urls, _, _ = shards
+    damaged = _damage(urls[0], "s0/005")
+    with _loader([damaged], num_workers=1) as loader:
+        with pytest.raises(WorkerError, match=r"worker 0 failed, shard '.*-damaged.tar', member 's0/005.jpg'") as info:
+            list(loader)
+        assert info.value.exc_type == "wdsmp.errors.DecodeError"
+        with pytest.raises(WorkerError, match="s0/005"):  # fresh workers, same bad sample
+            list(loader)
+    with pytest.raises(WorkerError, match="s0/005"):
+        with _loader([(damaged, PER_SHARD)], num_workers=1) as loader:
+            list(loader)
+
+
+def test_handler_skips_and_pads_to_full_batches(shards):
+    urls, _, _ = shards
+    damaged = _damage(urls[0], "s0/005")
+    with pytest.warns(UserWarning, match=r"in loader worker 0: DecodeError.*member 's0/005.jpg'"):
+        with _loader([(damaged, PER_SHARD)], num_workers=1, keys=True, train=False,
+                     handler=wdsmp.warn_and_continue) as loader:
+            keys, sizes = _keys(loader)
+            assert sizes == [4] * 5 and "s0/005" not in keys
+            assert loader.stats["skipped"] == 1 and loader.stats["padded"] == 1
+    assert keys[-1] == keys[-2]  # the padded row repeats the last good sample
+
+
+def test_missing_image_field_is_named(shards):
+    urls, _, _ = shards
+    with _loader(urls[:1], num_workers=1, image_keys="png;webp") as loader:
+        with pytest.raises(WorkerError, match=r"no image field \(one of png, webp\).*cls, jpg, txt, vec.npy"):
+            next(iter(loader))
+
+
+def keep_even(sample):
+    return int(sample["cls"]) % 2 == 0
+
+
+def add_double(sample):
+    return dict(sample, double=str(2 * int(sample["cls"])).encode())
+
+
+def label_plus_one(sample):
+    return int(sample["cls"]) + 1
+
+
+def test_stages_fields_and_label_functions(shards):
+    _, index, labels = shards
+    with _loader(index, keys=True, num_workers=1, shuffle=False, policy="pad", label=label_plus_one,
+                 stages=[wdsmp.select(keep_even), wdsmp.map(add_double)],
+                 fields={"vec": ("vec.npy", (2,), "int32"), "double": ("double", (), "int64"),
+                         "txt": ("txt", (2,), "float32")}) as loader:
+        for batch in loader:
+            for key, label, vec, double, txt in zip(batch.keys, batch.labels, batch.fields["vec"],
+                                                    batch.fields["double"], batch.fields["txt"]):
+                value = labels[key]
+                assert value % 2 == 0 and int(label) == value + 1
+                assert vec.tolist() == [value, -value] and int(double) == 2 * value
+                assert txt.tolist() == [value, 1.5]
+        assert loader.stats["padded"] > 0  # the select stage dropped half: rows repeat (NOTE [full batches])
+
+
+def test_bad_field_declarations_fail_at_construction(shards):
+    urls, _, _ = shards
+    with pytest.raises(ValueError, match="taken by the loader"):
+        _loader(urls, fields={"images": ("x", (), "int32")})
+    with pytest.raises(ValueError, match=r"\(source, shape, dtype\)"):
+        _loader(urls, fields={"x": "x"})
+    with pytest.raises(ValueError, match="batch_size"):
+        FastLoader(urls, 0)
+    with pytest.raises(ValueError, match="start_method"):
+        _loader(urls, start_method="thread")
+    with pytest.raises(ValueError, match="epoch_batches"):
+        _loader(urls, resampled=True)
+
+
+def test_copy_keeps_batches_and_views_are_recycled(shards):
+    _, index, _ = shards
+    with _loader(index, copy=True, train=False, shuffle=False, num_workers=1) as loader:
+        kept = [images for images, _ in loader]
+    with _loader(index, train=False, shuffle=False, num_workers=1) as loader:
+        views = [images for images, _ in loader]
+    assert all(torch.equal(a, b) for a, b in zip(kept[-2:], views[-2:]))
+    assert not all(torch.equal(a, b) for a, b in zip(kept[:4], views[:4]))  # NOTE [batch lifetime]
+
+
+def test_resume_gives_exactly_the_rest(shards):
+    _, index, _ = shards
+    with _loader(index, keys=True, seed=5) as loader:
+        whole = _keys(loader)[0]
+    with _loader(index, keys=True, seed=5) as loader:
+        iterator = iter(loader)
+        head = [k for _ in range(5) for k in next(iterator).keys]
+        state = loader.state_dict()
+    assert state["batches_done"] == 5 and head == whole[:20]
+    with _loader(index, keys=True, seed=5) as loader:
+        loader.load_state_dict(state)
+        rest = _keys(loader)[0]
+    assert head + rest == whole
+    with _loader(index, keys=True, seed=5, num_workers=1) as loader:
+        with pytest.raises(ValueError, match="num_workers"):
+            loader.load_state_dict(state)
+
+
+def test_resampled_epochs_have_the_asked_length(shards):
+    _, index, labels = shards
+    with _loader(index, keys=True, resampled=True, epoch_batches=7) as loader:
+        assert len(loader) == 7
+        keys, sizes = _keys(loader)
+        assert sizes == [4] * 7 and set(keys) <= set(labels)
+
+
+def test_break_then_iterate_again_and_close_is_idempotent(shards):
+    _, index, _ = shards
+    loader = _loader(index)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    assert len(list(loader)) == len(loader)
+    pids = [p for p in psutil.Process().children(recursive=True) if "wdsmp" in " ".join(p.cmdline()) or True]
+    loader.close()
+    loader.close()
+    assert loader.closed
+    with pytest.raises(ValueError, match="closed"):
+        iter(loader)
+    del pids
+
+
+def _worker_pids(loader):
+    return loader._state.workers.pool.pids()
+
+
+def test_garbage_collection_stops_workers_and_frees_the_ring(shards):
+    _, index, _ = shards
+    loader = _loader(index)
+    next(iter(loader))
+    pids, name = _worker_pids(loader), loader._ring.name
+    del loader
+    gc.collect()
+    assert name not in os.listdir(SHM_DIR)
+    psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=5)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+def test_dead_worker_is_reported_within_seconds(shards):
+    _, index, _ = shards
+    with _loader(index, num_workers=2, prefetch=1) as loader:
+        iterator = iter(loader)
+        next(iterator)
+        os.kill(_worker_pids(loader)[1], signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(WorkerError, match="worker 1 .* died with signal SIGKILL"):
+            for _ in iterator:
+                pass
+        assert time.monotonic() - start < 5
+        assert len(list(loader)) == len(loader)  # the next epoch runs on fresh workers
+
+
+_CHILD = textwrap.dedent("""
+    import os, signal, sys, time
+    from wdsmp.fast.loader import FastLoader
+    if __name__ == "__main__":
+        loader = FastLoader(sys.argv[1], 4, num_workers=2, image_size=24)
+        iterator = iter(loader)
+        next(iterator)
+        print(loader._ring.name, *loader._state.workers.pool.pids(), flush=True)
+        if sys.argv[2] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        while True:
+            next(iterator)
+            time.sleep(0.05)
+""")
+
+
+def _run_child(tmp_path, index, how):
+    script = tmp_path / "child.py"
+    script.write_text(_CHILD)
+    child = subprocess.Popen([sys.executable, str(script), index, how], stdout=subprocess.PIPE, text=True)
+    words = child.stdout.readline().split()
+    return child, words[0], [int(p) for p in words[1:]]
+
+
+def _gone(pids, timeout):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_ctrl_c_stops_workers_and_unlinks_the_ring(shards, tmp_path):
+    _, index, _ = shards
+    child, ring, pids = _run_child(tmp_path, index, "interrupt")
+    child.send_signal(signal.SIGINT)
+    assert child.wait(10) != 0
+    assert _gone(pids, 5)
+    assert ring not in os.listdir(SHM_DIR)
+
+
+def test_workers_exit_when_the_main_process_is_killed(shards, tmp_path):
+    _, index, _ = shards
+    child, ring, pids = _run_child(tmp_path, index, "kill")
+    assert child.wait(10) == -signal.SIGKILL
+    assert _gone(pids, 5)  # parent watch
+    from wdsmp.fast.ring import cleanup_stale
+
+    cleanup_stale()  # what a new FastLoader does first
+    assert ring not in os.listdir(SHM_DIR)
+
+
+def test_cuda_needs_a_gpu(shards):
+    urls, _, _ = shards
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: tests/fast/test_transfer.py covers it")
+    with _loader(urls) as loader:
+        with pytest.raises(RuntimeError, match="needs a CUDA device"):
+            loader.cuda()

@@ -1,0 +1,641 @@
+"""FastLoader: decoded, cropped, batched images from WebDataset shards, made by worker processes
+straight into shared memory.
+
+The front end of the fast path (DESIGN.md §3): it checks its arguments,
+plans each epoch (``plan.py``), creates the ring (``ring.py``), runs the
+workers (``worker.py`` in a ``pool.py``), and hands out each slot as tensors
+without copying.
+
+NOTE [loader protocol]
+    * Queues: each worker has a task queue (a ``WorkerPlan`` per epoch, or
+      ``Stop``) and a queue of its free slots; all workers announce on one
+      ready queue (``BatchReady``, ``WorkerDone``, ``WorkerFailed``,
+      ``WorkerWarning``: warnings are issued again in the main process). Each
+      producer's messages arrive in the order it sent them.
+    * Slots belong to workers: worker w owns ``prefetch`` slots, and a slot
+      the loader is done with goes back to its owner. Batches are delivered
+      in a fixed order (below), so with one shared free list the fast
+      workers could take every slot while the loader waits for a slow
+      worker's batch, which then has nowhere to go: a deadlock. Owned slots
+      rule it out; the ring has ``prefetch * num_workers`` slots.
+    * Order: the next batch comes from the worker, among those not finished,
+      that has delivered the fewest batches (the lowest index first). With
+      known counts that is the plan's round robin, batch k from worker
+      k % W (NOTE [plan: exactly once, equal batches]); with unknown counts
+      it is round robin skipping finished workers. It depends only on the
+      counts delivered, so a resumed epoch continues in the same order.
+    * Waiting: every wait has a short timeout after which the workers'
+      liveness is checked: a worker that died is reported within a second,
+      naming its exit code or signal.
+    * Workers persist across epochs. An epoch left unfinished (``break``,
+      an error, a new ``iter()``) restarts them: their slots and queues are
+      in an unknown state, and restarting is cheap (forked from the fork server).
+
+NOTE [batch lifetime]
+    By default a batch's tensors are views of its ring slot: no copy. The
+    slot goes back to its worker at the next ``next()`` on the same
+    iterator (or when the epoch ends or the loader closes), and the worker
+    then writes a new batch into it. Keep a batch past that point with
+    ``copy=True`` (every batch is copied out of the ring, and its slot
+    freed at once) or ``tensor.clone()``. The memory itself stays mapped
+    while any tensor views it, so a kept view never crashes: it only shows
+    newer pixels.
+
+NOTE [shutdown order]
+    ``close()`` (also run by ``with``, garbage collection and interpreter
+    exit, through one ``weakref.finalize``): set the stop event and send
+    ``Stop`` to every worker; join them for a few seconds, then terminate,
+    then kill; close the queues; unregister pinned memory; then unlink the
+    ring, exactly once (NOTE [ring ownership]). Workers also exit by
+    themselves when the loader's process is gone (parent watch), and a new
+    FastLoader unlinks rings whose owner died without closing.
+"""
+
+import os
+import sys
+import time
+import weakref
+from queue import Empty
+
+import numpy as np
+
+from .. import handlers as _handlers
+from ..errors import WorkerError
+from ..shardlists import expand_urls
+from ..shardindex import read_index, resolve_url
+from ..utils import pytorch_worker_info
+from . import pool as _pool
+from .layout import BatchLayout, FieldSpec
+from .messages import BatchReady, Stop, WorkerDone, WorkerFailed, WorkerWarning
+from .plan import POLICIES, PlanPosition, plan_epoch
+from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
+from .worker import IMAGES, KEYS, LABELS, DecodeOptions, WorkerConfig, worker_main
+
+__all__ = ["IMAGE_KEYS", "Batch", "FastLoader"]
+
+IMAGE_KEYS = ("jpg", "jpeg", "png", "ppm", "pgm", "npy", "webp", "bmp", "tif", "tiff")
+_POLL = 0.5  # seconds between liveness checks while waiting for a batch
+
+
+class Batch(tuple):
+    """``(images, labels)``, so ``for images, labels in loader`` works, plus ``keys`` (a list
+    of str when ``keys=True``, else None), ``fields`` (``{name: tensor}`` of declared
+    fields), ``count`` (rows) and ``epoch``."""
+
+    def __new__(cls, images, labels, keys=None, fields=None, epoch=None):
+        batch = super().__new__(cls, (images, labels))
+        batch.keys, batch.fields, batch.epoch = keys, dict(fields or {}), epoch
+        return batch
+
+    @property
+    def images(self):
+        return self[0]
+
+    @property
+    def labels(self):
+        return self[1]
+
+    @property
+    def count(self):
+        return len(self[0])
+
+
+def _positive(value, name):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive int, not {value!r}")
+    return value
+
+
+def _pair(value, name):
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a pair of numbers, not {value!r}") from None
+    if not 0 < low <= high:
+        raise ValueError(f"{name} {value!r} is not (low, high) with 0 < low <= high")
+    return low, high
+
+
+def _image_size(value):
+    size = (value, value) if isinstance(value, int) else tuple(value)
+    if len(size) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in size):
+        raise ValueError(f"image_size must be a positive int or (height, width), not {value!r}")
+    return size
+
+
+def _extensions(value, name):
+    keys = tuple(value.split(";")) if isinstance(value, str) else tuple(value)
+    if not keys or not all(isinstance(k, str) and k for k in keys):
+        raise ValueError(f"{name} must name extensions, as 'jpg;png' or a list, not {value!r}")
+    return keys
+
+
+def _shard_table(urls, index):
+    """``[(url, count or None), ...]`` from the arguments; counts from ``index`` when given."""
+    if isinstance(urls, str) and urls.endswith(".json") and index is None:
+        return read_index(urls)
+    if isinstance(urls, str):
+        urls = expand_urls(urls)
+    table = []
+    for item in urls:
+        url, count = (item, None) if isinstance(item, str) else item
+        if not isinstance(url, str):
+            raise ValueError(f"a shard must be a URL or a (url, count) pair, not {item!r}")
+        table.append((url, count))
+    if not table:
+        raise ValueError("FastLoader needs at least one shard")
+    if index is not None:
+        counts = {}
+        for url, count in read_index(index):
+            counts[url] = count
+        missing = [url for url, _ in table if resolve_url(index, url) not in counts and url not in counts]
+        if missing:
+            raise ValueError(f"shard index {index!r} has no sample count for {len(missing)} of the shards, "
+                             f"e.g. {missing[0]!r}")
+        table = [(url, counts.get(url, counts.get(resolve_url(index, url)))) for url, _ in table]
+    return table
+
+
+def _default_workers():
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return max(1, os.cpu_count() or 1)
+
+
+class FastLoader:
+    """Batches of decoded, cropped images (and labels) from WebDataset shards, made by a pool of
+    worker processes in shared memory; a replacement for DataLoader over a WebDataset.
+
+    ::
+
+        for images, labels in FastLoader("shards/train-{000000..000146}.tar", batch_size=256):
+            ...                                    # images: uint8 (256, 224, 224, 3), labels: int64 (256,)
+        for images, labels in FastLoader(urls, batch_size=256).cuda(mean=..., std=...):
+            ...                                    # on the GPU, normalised, float32
+
+    Data: ``urls`` is a shard spec (``"train-{0000..0146}.tar"``, any gopen URL), a list of
+    URLs or ``(url, sample_count)`` pairs, or the path or URL of a shard index (``.json``,
+    see ``wdsmp.shardindex``); ``index=`` adds counts from an index to given URLs. With every
+    count known, epochs are exact (every sample once across ranks and workers, the same full
+    batches on every rank, ``len()`` works); without, shards are the unit and the last batch
+    of a worker may be short. Each sample needs an image (the first of ``image_keys``
+    present: JPEG decoded by libjpeg-turbo, ``.ppm``/``.npy`` raw pixels taken as they are,
+    other formats through Pillow) and, unless ``label=None``, a label (``label``: an
+    extension holding an integer, as ``.cls``, or a function ``sample -> int``).
+
+    Images: ``train=True`` draws RandomResizedCrop(``scale``, ``ratio``) boxes and flips with
+    probability ``flip``; ``train=False`` resizes the short side to ``image_size /
+    resize_ratio`` and takes the centre crop, as torchvision's eval transforms do. Batches
+    are uint8 NHWC (``channels_first=True``: NCHW views) and int64 labels.
+
+    More per sample: ``keys=True`` gives each batch its sample keys; ``fields={name:
+    (source, shape, dtype)}`` declares fixed-shape arrays (``source``: an extension with
+    ``.npy`` bytes or numbers as text, or a function ``sample -> array``); ``stages`` are
+    iterator -> iterator functions (``wdsmp.select(...)``, ``wdsmp.map(...)``) run on the
+    sample dicts in the workers before decoding, the escape hatch for arbitrary Python.
+    Functions must pickle: define them at module level (workers are started by a fork
+    server, as with DataLoader under ``spawn``).
+
+    Order: ``seed`` and the epoch fix the shard order (``shuffle``), each worker's
+    ``shuffle_buffer`` and every crop; each ``iter()`` runs epoch ``epoch`` and then counts
+    it up (``set_epoch`` sets it). Ranks: ``rank``/``world_size`` default to
+    torch.distributed's, else ``RANK``/``WORLD_SIZE``; ``policy`` ("drop" or "pad") evens
+    out ranks. ``resampled=True`` draws shards with replacement forever, ``epoch_batches``
+    per epoch.
+
+    Errors: by default a bad sample stops the epoch with a ``WorkerError`` naming the
+    worker, shard and member; ``handler=wdsmp.warn_and_continue`` skips bad samples instead
+    (counted in ``stats``; NOTE [full batches] in ``worker.py``). Batches are views of shared
+    memory valid until the next ``next()`` (NOTE [batch lifetime]; ``copy=True`` to keep
+    them). ``close()``, ``with`` or garbage collection stop the workers and free the memory.
+    """
+
+    def __init__(self, urls, batch_size=256, *, num_workers=None, image_size=224, train=True, seed=0,
+                 index=None, label="cls", image_keys=IMAGE_KEYS, keys=False, key_length=128, fields=None,
+                 stages=(), handler=_handlers.reraise_exception, shuffle=None, shuffle_buffer=None,
+                 rank=None, world_size=None, policy="drop", resampled=False, epoch_batches=None,
+                 scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5, resize_ratio=0.875, dct_scaling=True,
+                 channels_first=False, copy=False, prefetch=2, timeout=None, start_method="forkserver",
+                 progress=False):
+        self.batch_size = _positive(batch_size, "batch_size")
+        self.num_workers = _default_workers() if num_workers is None else _positive(num_workers, "num_workers")
+        self.prefetch = _positive(prefetch, "prefetch")
+        self.image_size = _image_size(image_size)
+        self.train = bool(train)
+        self.seed = seed
+        self.shuffle = self.train if shuffle is None else bool(shuffle)
+        buffer = (256 if self.shuffle else 0) if shuffle_buffer is None else shuffle_buffer
+        if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 0:
+            raise ValueError(f"shuffle_buffer must be an int >= 0, not {shuffle_buffer!r}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
+        if not 0 <= flip <= 1:
+            raise ValueError(f"flip must be a probability in [0, 1], not {flip!r}")
+        if not 0 < resize_ratio <= 1:
+            raise ValueError(f"resize_ratio must be in (0, 1], not {resize_ratio!r}")
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be None or a positive number of seconds, not {timeout!r}")
+        if not callable(handler):
+            raise ValueError(f"handler must be callable, not {handler!r}")
+        stages = tuple(stages)
+        for stage in stages:
+            if not callable(stage):
+                raise ValueError(f"stages must be callables (iterator -> iterator), not {stage!r}")
+        if not (label is None or callable(label) or (isinstance(label, str) and label)):
+            raise ValueError(f"label must be an extension name, a function or None, not {label!r}")
+        node = pytorch_worker_info()
+        self.rank = node[0] if rank is None else rank
+        self.world_size = node[1] if world_size is None else world_size
+        self.policy, self.resampled, self.epoch_batches = policy, bool(resampled), epoch_batches
+        self.copy, self.channels_first, self.timeout = bool(copy), bool(channels_first), timeout
+        self.progress = bool(progress)
+        self.shards = _shard_table(urls, index)
+        layout, extra = self._layout(label, keys, key_length, fields)
+        self._start_method = start_method
+        _pool.context(start_method)  # a bad start method fails here, not at the first batch
+        self.plan(0)  # bad plan arguments (rank, policy, too few samples) fail here too
+        cleanup_stale(DEFAULT_PREFIX)
+        self._ring = Ring.create(layout, self.num_workers * self.prefetch)
+        self._config = WorkerConfig(
+            ring=self._ring.name, layout=layout, image_keys=_extensions(image_keys, "image_keys"), label=label,
+            fields=extra, keys=bool(keys), stages=stages, handler=handler,
+            decode=DecodeOptions(self.train, _pair(scale, "scale"), _pair(ratio, "ratio"), float(flip),
+                                 float(resize_ratio), bool(dct_scaling)),
+            shuffle_buffer=buffer, parent=_process_identity())
+        self._state = _State(self._ring)
+        self._finalizer = weakref.finalize(self, self._state.close)
+        self.epoch = 0
+        self._resume = None
+        self._progress = None  # the current epoch's _Progress (never its iterator: see _Progress)
+        self._stats = {"batches": 0, "samples": 0, "skipped": 0, "padded": 0, "wait_s": 0.0}
+        self._started = None
+
+    def _layout(self, label, keys, key_length, fields):
+        height, width = self.image_size
+        specs = [FieldSpec(IMAGES, (height, width, 3), "uint8")]
+        if label is not None:
+            specs.append(FieldSpec(LABELS, (), "int64"))
+        if keys:
+            specs.append(FieldSpec(KEYS, (), f"S{_positive(key_length, 'key_length')}"))
+        extra = []
+        for name, declaration in (fields or {}).items():
+            if name in (IMAGES, LABELS, KEYS):
+                raise ValueError(f"field name {name!r} is taken by the loader; choose another")
+            try:
+                source, shape, dtype = declaration
+            except (TypeError, ValueError):
+                raise ValueError(f"field {name!r} must be declared as (source, shape, dtype), "
+                                 f"not {declaration!r}") from None
+            if not (callable(source) or (isinstance(source, str) and source)):
+                raise ValueError(f"field {name!r}: source must be an extension or a function, not {source!r}")
+            specs.append(FieldSpec(name, shape, dtype))
+            extra.append((name, source))
+        return BatchLayout(self.batch_size, tuple(specs)), tuple(extra)
+
+    # -- epochs -------------------------------------------------------------------------
+
+    def plan(self, position=None):
+        """This rank's ``EpochPlan`` of epoch ``position`` (default: the next one; or a
+        ``PlanPosition``): what each worker reads (see ``plan.py``)."""
+        if position is None:
+            position = self.epoch
+        return plan_epoch(self.shards, position, batch_size=self.batch_size, seed=self.seed, rank=self.rank,
+                          world_size=self.world_size, num_workers=self.num_workers, policy=self.policy,
+                          shuffle=self.shuffle, resampled=self.resampled, epoch_batches=self.epoch_batches)
+
+    def set_epoch(self, epoch):
+        """Make the next ``iter()`` run epoch ``epoch`` (as DistributedSampler.set_epoch)."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, not {epoch!r}")
+        self.epoch = epoch
+        self._resume = None
+
+    def __len__(self):
+        """Batches per epoch on this rank; TypeError when sample counts are unknown."""
+        batches = self.plan(PlanPosition(self.epoch)).batches_per_rank
+        if batches is None:
+            raise TypeError("len() of a FastLoader needs every shard's sample count: pass (url, count) "
+                            "pairs or a shard index (index=..., see wdsmp.shardindex)")
+        return batches
+
+    def __iter__(self):
+        self._check_open()
+        return self._begin()
+
+    def _begin(self):
+        """Start the next epoch: the workers get their plans; the iterator delivers the batches."""
+        if self._progress is not None:
+            self._progress.abandon()
+        position = self._resume or PlanPosition(self.epoch)
+        self._resume = None
+        plan = self.plan(position)
+        self.epoch = plan.epoch + 1
+        workers = self._state.workers
+        if workers is None or workers.broken:
+            workers = self._state.start(self._config, self.num_workers, self.prefetch, self._start_method)
+        for w, part in enumerate(plan.workers):
+            workers.tasks[w].put(part)
+        if self._started is None:
+            self._started = time.monotonic()
+        iterator = _EpochIterator(self, workers, plan)
+        self._progress = iterator.progress
+        return iterator
+
+    def state_dict(self):
+        """Where this loader stands: the epoch and the batches delivered in it. Give it to
+        ``load_state_dict`` of a loader with the same shards and settings to go on from there."""
+        progress = self._progress
+        if progress is not None and not progress.finished:
+            epoch, delivered = progress.epoch, tuple(progress.delivered)
+        else:
+            epoch, delivered = self.epoch, (0,) * self.num_workers
+        return {"epoch": epoch, "batches_done": sum(delivered), "worker_batches": list(delivered),
+                "num_workers": self.num_workers, "batch_size": self.batch_size, "seed": self.seed,
+                "rank": self.rank, "world_size": self.world_size}
+
+    def load_state_dict(self, state):
+        """Make the next ``iter()`` continue where ``state`` (from ``state_dict``) stood."""
+        for name in ("num_workers", "batch_size", "seed", "world_size"):
+            if state.get(name) != getattr(self, name):
+                raise ValueError(f"state was saved with {name}={state.get(name)!r}, this loader has "
+                                 f"{getattr(self, name)!r}: resuming exactly needs the same settings")
+        position = PlanPosition(state["epoch"], state["batches_done"], tuple(state["worker_batches"]))
+        self.plan(position)  # fails now if the position does not fit
+        self._resume = position
+        self.epoch = position.epoch
+
+    # -- delivery ------------------------------------------------------------------------
+
+    def _tensors(self, message):
+        """The slot of ``message`` as a ``Batch`` of zero-copy tensors (NOTE [batch lifetime])."""
+        import torch
+
+        arrays = self._ring.views(message.slot)
+        count = message.count
+        tensors = {name: torch.from_numpy(array[:count] if count < len(array) else array)
+                   for name, array in arrays.items() if name != KEYS}
+        if self.copy:
+            tensors = {name: tensor.clone() for name, tensor in tensors.items()}
+        images = tensors.pop(IMAGES)
+        if self.channels_first:
+            images = images.permute(0, 3, 1, 2)
+        labels = tensors.pop(LABELS, None)
+        keys = [k.decode() for k in arrays[KEYS][:count]] if KEYS in arrays else None
+        return Batch(images, labels, keys, tensors, message.epoch)
+
+    def _delivered(self, message, waited):
+        stats = self._stats
+        stats["batches"] += 1
+        stats["samples"] += message.count
+        stats["wait_s"] += waited
+        if self.progress and time.monotonic() - stats.setdefault("_logged", 0.0) >= 10.0:
+            stats["_logged"] = time.monotonic()
+            print(f"wdsmp FastLoader: {self._describe_rate()}", file=sys.stderr, flush=True)
+
+    def _describe_rate(self):
+        stats = self.stats
+        return (f"epoch {stats['epoch']}, {stats['batches']:,} batches, {stats['images_per_s']:,.0f} images/s, "
+                f"waiting for data {stats['wait_fraction']:.0%} of the time, {stats['skipped']} skipped")
+
+    @property
+    def stats(self):
+        """Counters since the loader started: batches, samples, images_per_s, wait_s (time spent
+        waiting for workers) and wait_fraction, skipped (bad samples the handler let pass) and
+        padded (rows repeated to keep batches full)."""
+        stats = {k: v for k, v in self._stats.items() if not k.startswith("_")}
+        elapsed = time.monotonic() - self._started if self._started is not None else 0.0
+        stats["epoch"] = max(self.epoch - 1, 0)
+        stats["elapsed_s"] = elapsed
+        stats["images_per_s"] = stats["samples"] / elapsed if elapsed > 0 else 0.0
+        stats["wait_fraction"] = stats["wait_s"] / elapsed if elapsed > 0 else 0.0
+        return stats
+
+    def cuda(self, device=None, *, mean=None, std=None, dtype=None, channels_last=True, depth=2):
+        """Batches on a CUDA device, copied from pinned shared memory on a side stream; see
+        ``transfer.CudaLoader`` for the arguments."""
+        from .transfer import CudaLoader
+
+        return CudaLoader(self, device, mean=mean, std=std, dtype=dtype, channels_last=channels_last,
+                          depth=depth)
+
+    # -- lifetime ------------------------------------------------------------------------
+
+    def _check_open(self):
+        if self._state.closed:
+            raise ValueError("this FastLoader is closed")
+
+    @property
+    def closed(self):
+        return self._state.closed
+
+    def close(self):
+        """Stop the workers and free the shared memory (NOTE [shutdown order]). Idempotent."""
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"{self.num_workers} workers"
+        return (f"FastLoader({len(self.shards)} shards, batch_size={self.batch_size}, "
+                f"image_size={self.image_size}, train={self.train}, {state})")
+
+
+def _process_identity():
+    import psutil
+
+    return os.getpid(), psutil.Process().create_time()
+
+
+class _Workers:
+    """One generation of worker processes and their queues (NOTE [loader protocol])."""
+
+    def __init__(self, config, num_workers, prefetch, start_method):
+        ctx = _pool.context(start_method)
+        self.stop_event = ctx.Event()
+        self.ready = ctx.Queue()
+        self.tasks = [ctx.Queue() for _ in range(num_workers)]
+        self.free = [ctx.Queue() for _ in range(num_workers)]
+        for w, queue in enumerate(self.free):
+            for slot in range(w * prefetch, (w + 1) * prefetch):
+                queue.put(slot)
+        self.broken = False
+        self.pool = _pool.WorkerPool(worker_main, [(w, config, self.tasks[w], self.free[w], self.ready,
+                                                    self.stop_event) for w in range(num_workers)], ctx)
+
+    def shutdown(self, timeout=5.0):
+        """NOTE [shutdown order], the workers' part. Idempotent."""
+        if self.broken:
+            return
+        self.broken = True
+        self.stop_event.set()
+        for queue in self.tasks:
+            queue.put(Stop())
+        self.pool.stop(timeout)
+        for queue in [self.ready, *self.tasks, *self.free]:
+            queue.cancel_join_thread()
+            queue.close()
+
+
+class _State:
+    """What ``close()`` must release, apart from the loader (so the finalizer keeps no cycle)."""
+
+    def __init__(self, ring):
+        self.ring = ring
+        self.workers = None
+        self.pinned = []  # cleanup callables of pinned-memory registrations (transfer.py)
+        self.closed = False
+
+    def start(self, config, num_workers, prefetch, start_method):
+        if self.workers is not None:
+            self.workers.shutdown()
+        self.workers = _Workers(config, num_workers, prefetch, start_method)
+        return self.workers
+
+    def close(self):
+        """NOTE [shutdown order]."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.workers is not None:
+            self.workers.shutdown()
+            self.workers = None
+        while self.pinned:
+            self.pinned.pop()()
+        self.ring.close()
+
+
+class _Progress:
+    """An epoch's delivery counts and state, shared by its iterator and the loader. The loader
+    must not hold the iterator (which holds the loader): a ``for`` loop left with ``break``
+    drops its iterator, and the loader must still know that the epoch was left unfinished."""
+
+    def __init__(self, plan, workers):
+        self.epoch, self.workers = plan.epoch, workers
+        self.delivered = [part.skip_batches for part in plan.workers]
+        self.finished = False
+
+    def abandon(self):
+        """End the epoch before its end: its workers stop, and the next epoch starts new ones."""
+        if not self.finished:
+            self.finished = True
+            self.workers.shutdown()
+
+
+class _EpochIterator:
+    """Delivers one epoch's batches in order (NOTE [loader protocol])."""
+
+    def __init__(self, loader, workers, plan):
+        self.loader, self.workers, self.plan = loader, workers, plan
+        self.progress = _Progress(plan, workers)
+        self.delivered = self.progress.delivered
+        self.total = [None] * plan.num_workers  # each worker's batch count, once it is done
+        self.pending = {}
+        self.held = None
+
+    @property
+    def finished(self):
+        return self.progress.finished
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        if self.plan.remaining is None:
+            raise TypeError("the batch count of an epoch with unknown sample counts is unknown")
+        return self.plan.batches_per_rank - sum(self.delivered)
+
+    def __next__(self):
+        if self.held is not None:
+            self.release(self.held)
+            self.held = None
+        message = self.next_message()
+        batch = self.loader._tensors(message)
+        if self.loader.copy:
+            self.release(message)
+        else:
+            self.held = message
+        return batch
+
+    def next_message(self):
+        """The next ``BatchReady`` in delivery order; the caller must ``release`` it."""
+        if self.finished:
+            raise StopIteration
+        self.loader._check_open()
+        started = time.monotonic()
+        while True:
+            worker = self._next_worker()
+            if worker is None:
+                self._finish()
+                raise StopIteration
+            message = self.pending.pop((worker, self.delivered[worker]), None)
+            if message is not None:
+                break
+            self._receive(worker, started)
+        self.delivered[worker] += 1
+        self.loader._delivered(message, time.monotonic() - started)
+        return message
+
+    def release(self, message):
+        """Give the slot of ``message`` back to the worker that filled it."""
+        if not self.workers.broken:
+            self.workers.free[message.worker].put(message.slot)
+
+    def _next_worker(self):
+        """The unfinished worker that delivered the fewest batches; None when all are done."""
+        candidates = [w for w, n in enumerate(self.delivered) if self.total[w] is None or n < self.total[w]]
+        return min(candidates, key=lambda w: (self.delivered[w], w)) if candidates else None
+
+    def _receive(self, waiting_for, started):
+        """Take one message off the ready queue; raise when a worker failed, died or timed out."""
+        try:
+            message = self.workers.ready.get(timeout=_POLL)
+        except Empty:
+            self._check_workers(waiting_for, started)
+            return
+        self._dispatch(message)
+
+    def _dispatch(self, message):
+        if isinstance(message, BatchReady):
+            self.pending[(message.worker, message.index)] = message
+        elif isinstance(message, WorkerDone):
+            self.total[message.worker] = message.batches
+            self.loader._stats["skipped"] += message.skipped
+            self.loader._stats["padded"] += message.padded
+        elif isinstance(message, WorkerWarning):
+            message.reissue()
+        elif isinstance(message, WorkerFailed):
+            self._fail(message.to_error())
+
+    def _check_workers(self, waiting_for, started):
+        dead = self.workers.pool.dead()
+        if dead:
+            while True:  # a worker that failed has sent why before it exited
+                try:
+                    self._dispatch(self.workers.ready.get(timeout=_POLL))
+                except Empty:
+                    break
+            worker, code = dead[0]
+            pid = self.workers.pool.pids()[worker]
+            self._fail(WorkerError(f"loader worker {worker} (pid {pid}) died with {_pool.describe_exit(code)} "
+                                   f"during epoch {self.plan.epoch}, after delivering {self.delivered[worker]} "
+                                   f"batches; the epoch cannot be completed"))
+        timeout = self.loader.timeout
+        if timeout is not None and time.monotonic() - started > timeout:
+            self._fail(TimeoutError(f"no batch from loader worker {waiting_for} for {timeout} s "
+                                    f"(epoch {self.plan.epoch}, batch {self.delivered[waiting_for]} of that worker)"))
+
+    def _fail(self, error):
+        self.held = None
+        self.progress.abandon()
+        raise error
+
+    def _finish(self):
+        self.progress.finished = True
+        if self.held is not None:
+            self.release(self.held)
+            self.held = None

@@ -1,0 +1,96 @@
+"""Worker processes: start them, tell whether they live, stop them for sure.
+
+Processes only: what the workers do and what they share is the loader's
+business. Workers start with ``forkserver`` by default (``spawn`` where it
+is missing): both give a clean process that holds none of the main
+process's threads, CUDA context or locks. The fork server imports wdsmp
+once and forks workers from that, so a worker starts in milliseconds rather
+than re-importing numpy and torch (DESIGN.md §3, step 2).
+"""
+
+import multiprocessing
+import signal
+import time
+
+__all__ = ["START_METHODS", "WorkerPool", "context", "describe_exit"]
+
+START_METHODS = ("forkserver", "spawn", "fork")
+_PRELOAD = "wdsmp.fast.worker"
+
+
+def context(start_method):
+    """The multiprocessing context for ``start_method`` (forkserver falls back to spawn where
+    missing), with wdsmp's worker module among the fork server's preloads."""
+    if start_method not in START_METHODS:
+        raise ValueError(f"start_method must be one of {START_METHODS}, not {start_method!r}")
+    if start_method not in multiprocessing.get_all_start_methods():
+        if start_method != "forkserver":
+            raise ValueError(f"start method {start_method!r} is not available on this platform")
+        start_method = "spawn"
+    ctx = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        from multiprocessing import forkserver
+
+        # Add to the preloads, never replace them: the user may have set their own.
+        preload = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
+        if _PRELOAD not in preload:
+            ctx.set_forkserver_preload(preload + [_PRELOAD])
+    return ctx
+
+
+def describe_exit(exitcode):
+    """Words for a process exit code: ``"exit code 3"``, ``"signal SIGKILL (out of memory?)"``."""
+    if exitcode is None:
+        return "no exit code"
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"signal {-exitcode}"
+    hint = " (killed from outside: out of memory?)" if name == "SIGKILL" else ""
+    return f"signal {name}{hint}"
+
+
+class WorkerPool:
+    """``len(argsets)`` daemon processes of ``mp_context`` (see ``context``) running
+    ``target(*args)``, one per argument tuple."""
+
+    def __init__(self, target, argsets, mp_context, name="wdsmp-worker"):
+        self.processes = [mp_context.Process(target=target, args=tuple(args), name=f"{name}-{i}", daemon=True)
+                          for i, args in enumerate(argsets)]
+        for process in self.processes:
+            process.start()
+
+    def dead(self):
+        """``[(worker, exitcode), ...]`` of the workers that have exited."""
+        return [(i, p.exitcode) for i, p in enumerate(self.processes) if p.exitcode is not None]
+
+    def pids(self):
+        return [p.pid for p in self.processes]
+
+    def stop(self, timeout=5.0):
+        """Wait up to ``timeout`` seconds for the workers to exit (after the caller told them to),
+        then terminate, then kill the rest. Idempotent."""
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            process.join(max(0.0, deadline - time.monotonic()))
+        for escalate in ("terminate", "kill"):
+            alive = [p for p in self.processes if p.exitcode is None]
+            if not alive:
+                break
+            for process in alive:
+                getattr(process, escalate)()
+            for process in alive:
+                process.join(2.0)
+        for process in self.processes:
+            if process.exitcode is not None:
+                process.close()
+        self.processes = [p for p in self.processes if _unclosed(p)]
+
+
+def _unclosed(process):
+    try:
+        return process.exitcode is None
+    except ValueError:  # closed
+        return False

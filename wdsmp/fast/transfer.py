@@ -1,0 +1,187 @@
+"""Batches to the GPU: from shared memory, pinned, copied on a side stream.
+
+NOTE [pinned transfer]
+    * The ring is registered with CUDA as page-locked host memory
+      (``cudaHostRegister``) the first time ``.cuda()`` iterates, so a slot
+      is copied to the device by DMA straight from shared memory: no
+      staging copy on the CPU. Where registration fails (some containers
+      limit locked memory), each batch is copied into one of ``depth``
+      pinned staging buffers instead, and its slot is freed at once.
+    * Copies run ``non_blocking`` on a side stream, up to ``depth`` batches
+      ahead of the one handed out; the consumer's stream waits on a CUDA
+      event recorded after each copy, so the batch is complete when its
+      kernels run, and the tensors are marked as used on that stream so the
+      caching allocator does not hand their memory out early.
+    * A slot goes back to its worker only once the event of its copy has
+      completed (checked without blocking at each step, waited for at the
+      end): a worker never overwrites memory the GPU is still reading.
+    * Normalisation and dtype conversion run on the GPU, on the consumer's
+      stream, after the copy.
+"""
+
+import collections
+
+__all__ = ["CudaLoader"]
+
+
+def _register(ring, state):
+    """Register the ring's memory with CUDA; True on success. Unregistered at the loader's close."""
+    import numpy as np
+    import torch
+
+    if any(getattr(cleanup, "ring", None) == ring.name for cleanup in state.pinned):
+        return True
+    memory = np.frombuffer(ring._mmap, np.uint8)
+    pointer, size = memory.ctypes.data, memory.nbytes
+    cudart = torch.cuda.cudart()
+    if int(cudart.cudaHostRegister(pointer, size, 0)) != 0:
+        torch.cuda.synchronize()
+        return False
+
+    def unregister():
+        cudart.cudaHostUnregister(pointer)
+        del memory_ref[:]
+
+    memory_ref = [memory]  # keeps the mapping alive while it is registered
+    unregister.ring = ring.name
+    state.pinned.append(unregister)
+    return True
+
+
+class CudaLoader:
+    """Iterate ``loader`` with batches on a CUDA device (NOTE [pinned transfer]).
+
+    ``device``: a CUDA device (default: the current one). ``mean``/``std``: per-channel
+    values on the 0-255 pixel scale (as FFCV and DALI take them), applied on the GPU; with
+    them images become ``dtype`` (default float32; ``torch.bfloat16`` works), without them
+    they stay uint8 unless ``dtype`` is given. Images come out NCHW; ``channels_last=True``
+    (default) keeps the NHWC bytes underneath (``torch.channels_last``), which is what
+    convolutions on tensor cores want and costs no copy; ``False`` makes them contiguous
+    NCHW. ``depth``: batches copied ahead. Batches are ``Batch`` tuples, as on the CPU.
+    """
+
+    def __init__(self, loader, device=None, *, mean=None, std=None, dtype=None, channels_last=True, depth=2):
+        import torch
+
+        if not torch.cuda.is_available():
+            raise RuntimeError("FastLoader.cuda() needs a CUDA device, and torch.cuda.is_available() is False "
+                               "here (a CPU build of torch, or no GPU visible); iterate the loader itself for "
+                               "CPU batches")
+        self.loader = loader
+        self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"device must be a CUDA device, not {device!r}")
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise ValueError(f"depth must be a positive int, not {depth!r}")
+        if (mean is None) != (std is None):
+            raise ValueError("give both mean and std, or neither")
+        self.dtype = dtype if dtype is not None else (torch.float32 if mean is not None else None)
+        if mean is not None:
+            self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).reshape(1, -1, 1, 1)
+            self.scale = 1.0 / torch.tensor(std, dtype=torch.float32, device=self.device).reshape(1, -1, 1, 1)
+            if self.mean.numel() != 3 or self.scale.numel() != 3:
+                raise ValueError(f"mean and std need 3 values (R, G, B), not {mean!r} and {std!r}")
+            if not self.dtype.is_floating_point:
+                raise ValueError(f"normalised images need a floating dtype, not {self.dtype}")
+        else:
+            self.mean = self.scale = None
+        self.channels_last = bool(channels_last)
+        self.depth = depth
+
+    def __len__(self):
+        return len(self.loader)
+
+    def __iter__(self):
+        import torch
+
+        loader = self.loader
+        loader._check_open()
+        epoch = loader._begin()
+        pinned = _register(loader._ring, loader._state)
+        side = torch.cuda.Stream(self.device)
+        staging = [None] * self.depth if not pinned else None
+        inflight, unreleased = collections.deque(), collections.deque()
+        issued = 0
+        try:
+            while True:
+                while len(inflight) < self.depth:
+                    try:
+                        message = epoch.next_message()
+                    except StopIteration:
+                        break
+                    inflight.append(self._copy(epoch, message, side, staging, issued % self.depth))
+                    issued += 1
+                    if staging is not None:
+                        epoch.release(message)
+                    else:
+                        unreleased.append(inflight[-1][:2])
+                if not inflight:
+                    return
+                _, event, batch = inflight.popleft()
+                current = torch.cuda.current_stream(self.device)
+                current.wait_event(event)
+                for tensor in _tensors(batch):
+                    tensor.record_stream(current)
+                while unreleased and unreleased[0][1].query():
+                    epoch.release(unreleased.popleft()[0])
+                yield self._finish(batch)
+        finally:
+            for message, event in unreleased:
+                event.synchronize()
+                epoch.release(message)
+
+    def _copy(self, epoch, message, side, staging, index):
+        """Start copying the slot of ``message`` to the device; ``(message, event, batch)``."""
+        import torch
+
+        cpu = self.loader._tensors(message)
+        with torch.cuda.stream(side):
+            if staging is not None:
+                previous = staging[index]
+                if previous is not None:
+                    previous[0].synchronize()
+                buffers = [torch.empty_like(t, pin_memory=True).copy_(t) for t in _tensors(cpu)]
+                source = _rebuild(cpu, buffers)
+            else:
+                source = cpu
+            moved = [t.to(self.device, non_blocking=True) for t in _tensors(source)]
+            event = torch.cuda.Event()
+            event.record(side)
+            if staging is not None:
+                staging[index] = (event, buffers)
+        return message, event, _rebuild(source, moved)
+
+    def _finish(self, batch):
+        """NCHW, normalised and converted on the consumer's stream."""
+        import torch
+
+        images = batch.images
+        if not self.loader.channels_first:
+            images = images.permute(0, 3, 1, 2)  # NHWC bytes seen as NCHW: channels_last
+        if self.mean is not None:
+            images = (images.to(self.dtype) - self.mean.to(self.dtype)) * self.scale.to(self.dtype)
+        elif self.dtype is not None:
+            images = images.to(self.dtype)
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        else:
+            images = images.contiguous()
+        return type(batch)(images, batch.labels, batch.keys, batch.fields, batch.epoch)
+
+
+def _tensors(batch):
+    """The batch's tensors in a fixed order: images, labels (if any), declared fields."""
+    tensors = [batch.images]
+    if batch.labels is not None:
+        tensors.append(batch.labels)
+    tensors.extend(batch.fields[name] for name in sorted(batch.fields))
+    return tensors
+
+
+def _rebuild(batch, tensors):
+    """A batch like ``batch`` holding ``tensors`` (in ``_tensors`` order)."""
+    tensors = list(tensors)
+    images = tensors.pop(0)
+    labels = tensors.pop(0) if batch.labels is not None else None
+    fields = dict(zip(sorted(batch.fields), tensors))
+    return type(batch)(images, labels, batch.keys, fields, batch.epoch)

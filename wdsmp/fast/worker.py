@@ -1,0 +1,338 @@
+"""The loader's worker process: shards in, decoded batches written into ring slots.
+
+``worker_main`` runs the reference path's stages (gopen, the tar splitter,
+``group_by_keys``, then the user's own stages) over the worker's part of the
+epoch plan, and writes each sample into a row of a slot: the image decoded,
+cropped, resized and flipped natively in place, the label, the key and any
+declared fixed-shape field. Only slot indices and small messages travel back
+(``messages.py``); see NOTE [loader protocol] in ``loader.py``.
+
+NOTE [full batches]
+    When sample counts are known (samples and resampled modes) every worker
+    delivers exactly the batches the plan gives it, all full, whatever the
+    data does: rows it cannot fill (samples skipped by ``handler``, dropped
+    by a filtering stage, or lost with a broken shard) repeat its last good
+    sample and are counted as ``padded``. Every rank therefore yields the
+    same number of equally shaped batches, and DDP never waits on a rank
+    that ran short. When counts are unknown (shards mode) a worker's last
+    batch is short instead.
+"""
+
+import os
+import random
+import signal
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from itertools import islice
+from queue import Empty
+from typing import Callable, Optional, Tuple, Union
+
+import numpy as np
+
+from ..errors import SampleError, WdsmpError
+from ..tariterators import tarfile_samples
+from ..utils import make_seed
+from .imagedecode import decode_into
+from .messages import BatchReady, Stop, WorkerDone, WorkerFailed, WorkerWarning
+from .ring import Ring
+
+__all__ = ["DecodeOptions", "WorkerConfig", "worker_main"]
+
+IMAGES, LABELS, KEYS = "images", "labels", "__key__"
+_POLL = 0.2  # seconds between checks of the stop event while waiting
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """How images are cropped: arguments of ``imagedecode.decode_into``."""
+
+    train: bool = True
+    scale: Tuple[float, float] = (0.08, 1.0)
+    ratio: Tuple[float, float] = (3 / 4, 4 / 3)
+    flip: float = 0.5
+    resize_ratio: float = 0.875
+    dct_scaling: bool = True
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs besides its plan; picklable (workers are spawned).
+
+    ``label``: the extension holding the class number (``.cls`` text), a
+    function ``sample -> int``, or None. ``fields``: ``(name, source)`` pairs
+    of extra fixed-shape fields, the shapes and dtypes in ``layout``; a source
+    is an extension (``.npy`` bytes or text numbers) or a function
+    ``sample -> array``. ``stages``: iterator -> iterator functions run on the
+    sample dicts before the native step, as in ``DataPipeline``.
+    """
+
+    ring: str
+    layout: object
+    image_keys: Tuple[str, ...]
+    label: Union[str, Callable, None]
+    fields: Tuple[Tuple[str, Union[str, Callable]], ...]
+    keys: bool
+    stages: Tuple[Callable, ...]
+    handler: Callable
+    decode: DecodeOptions
+    shuffle_buffer: int
+    parent: Tuple[int, float]  # the loader's pid and process start time
+
+
+class _Stopped(Exception):
+    """The loader asked this worker to stop (or went away)."""
+
+
+def worker_main(worker, config, tasks, free, ready, stop):
+    """Serve epochs: take a ``WorkerPlan`` from ``tasks``, fill slots taken from ``free``,
+    announce them on ``ready``; until ``Stop``, the ``stop`` event, or the loader's death."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
+    threading.Thread(target=_watch_parent, args=config.parent, daemon=True, name="wdsmp-parent-watch").start()
+
+    def forward(message, category, *_):
+        ready.put(WorkerWarning.from_warning(worker, message, category))
+
+    warnings.showwarning = forward  # warnings go to the main process, where the user sees them
+    where = _Where()
+    try:
+        ring = Ring.attach(config.ring, config.layout)
+    except BaseException as exn:
+        ready.put(WorkerFailed.from_exception(worker, exn))
+        return
+    try:
+        while True:
+            plan = _wait(tasks, stop)
+            if isinstance(plan, Stop):
+                return
+            ready.put(_Epoch(worker, config, plan, ring, free, ready, stop, where).run())
+    except _Stopped:
+        return
+    except BaseException as exn:
+        # The error's own place first: with a shuffle buffer the last sample read is another one.
+        shard = getattr(exn, "url", None) or where.url
+        member = getattr(exn, "member", None) or where.member
+        ready.put(WorkerFailed.from_exception(worker, exn, shard, member))
+    finally:
+        ring.close()
+
+
+def _watch_parent(pid, start_time):
+    """Exit when the loader's process is gone, wherever the worker is blocked."""
+    import psutil
+
+    while True:
+        time.sleep(1.0)
+        try:
+            alive = psutil.Process(pid).create_time() == start_time
+        except psutil.NoSuchProcess:
+            alive = False
+        if not alive:
+            os._exit(3)
+
+
+def _wait(queue, stop):
+    """The next item of ``queue``; ``_Stopped`` once ``stop`` is set."""
+    while True:
+        if stop.is_set():
+            raise _Stopped()
+        try:
+            return queue.get(timeout=_POLL)
+        except Empty:
+            continue
+
+
+class _Where:
+    """The shard and member the worker read last, for error messages."""
+
+    url = member = None
+
+
+def _located(exn, sample):
+    """``exn`` as an error naming the sample's shard and key when it names nothing itself."""
+    if getattr(exn, "url", None) is None and isinstance(exn, Exception) and not isinstance(exn, WdsmpError):
+        error = SampleError(f"{type(exn).__name__}: {exn}", sample.get("__url__"), sample.get("__key__"))
+        error.__cause__ = exn
+        return error
+    return exn
+
+
+class _Epoch:
+    """One epoch of one worker (NOTE [full batches])."""
+
+    def __init__(self, worker, config, plan, ring, free, ready, stop, where):
+        self.worker, self.config, self.plan = worker, config, plan
+        self.ring, self.free, self.ready, self.stop, self.where = ring, free, ready, stop, where
+        self.batch_size = config.layout.batch_size
+        self.specs = {spec.name: spec for spec in config.layout.fields}
+        self.augment = random.Random(make_seed(plan.seed, "augment"))
+        self.samples = self.skipped = self.padded = 0
+        self.last_good = None  # a copy of the last row written: {field: array}
+
+    def _handle(self, exn):
+        """The user's handler on a bad sample or shard: True to go on (counted as skipped)."""
+        if self.config.handler(exn):
+            self.skipped += 1
+            return True
+        return False
+
+    def _source(self):
+        """Samples of the plan, through the user's stages, the shuffle buffer and the resume skip."""
+        plan, config = self.plan, self.config
+        replay = config.shuffle_buffer > 1  # a buffer reorders: resume by replaying (plan.py's NOTE)
+        samples = self._read(plan.shards(resume=not replay))
+        for stage in config.stages:
+            samples = stage(samples)
+        if replay:
+            samples = _shuffled(samples, config.shuffle_buffer, random.Random(make_seed(plan.seed, "shuffle")))
+        drop = plan.skip_batches * self.batch_size if replay else plan.discard
+        return islice(samples, drop, None)
+
+    def _read(self, ranges):
+        for shard in ranges:
+            samples = tarfile_samples([shard.url], handler=self._handle)
+            try:
+                for sample in islice(samples, shard.start, shard.stop):
+                    self.where.url, self.where.member = sample.get("__url__"), sample.get("__key__")
+                    yield sample
+            finally:
+                samples.close()
+
+    def run(self):
+        """Fill and announce this epoch's batches; the ``WorkerDone`` to send at the end."""
+        plan, size = self.plan, self.batch_size
+        index, slot, rows = plan.skip_batches, None, 0
+        source = self._source()
+        while plan.num_batches is None or index < plan.num_batches:
+            try:
+                sample = next(source, None)
+            except Exception as exn:
+                if self._handle(exn):
+                    continue
+                sample = None
+            if sample is None:
+                break
+            if slot is None:
+                slot, arrays = self._take_slot()
+            try:
+                self._fill(arrays, rows, sample)
+            except Exception as exn:
+                if self._handle(_located(exn, sample)):
+                    continue
+                break
+            self.samples += 1
+            rows += 1
+            if rows == size:
+                self._publish(slot, index, size)
+                index, slot, rows = index + 1, None, 0
+        if hasattr(source, "close"):
+            source.close()
+        if plan.num_batches is None:
+            if rows:
+                self._publish(slot, index, rows)
+                index += 1
+        else:
+            while index < plan.num_batches:  # NOTE [full batches]
+                if slot is None:
+                    slot, arrays = self._take_slot()
+                self._pad(arrays, rows)
+                self._publish(slot, index, size)
+                index, slot, rows = index + 1, None, 0
+        return WorkerDone(self.worker, plan.epoch, index, self.samples, self.skipped, self.padded)
+
+    def _take_slot(self):
+        slot = _wait(self.free, self.stop)
+        return slot, self.ring.views(slot)
+
+    def _publish(self, slot, index, count):
+        self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, index, count))
+
+    def _pad(self, arrays, rows):
+        if self.last_good is None:
+            raise WdsmpError(f"worker {self.worker} read no usable sample in its part of epoch {self.plan.epoch}, "
+                             f"so it cannot fill its {self.plan.num_batches - self.plan.skip_batches} batches "
+                             f"({self.skipped} samples skipped by the handler)")
+        for name, row in self.last_good.items():
+            arrays[name][rows:] = row
+        self.padded += self.batch_size - rows
+
+    def _fill(self, arrays, row, sample):
+        """Write one sample into row ``row`` of a slot; raises on anything missing or malformed."""
+        config = self.config
+        url, key = sample.get("__url__"), sample.get("__key__")
+        ext = next((e for e in config.image_keys if e in sample), None)
+        if ext is None:
+            raise SampleError(f"no image field (one of {', '.join(config.image_keys)}) in the sample; "
+                              f"it has {_fields(sample)}", url, key)
+        decode = config.decode
+        decode_into(sample[ext], arrays[IMAGES][row], decode.train, self.augment, scale=decode.scale,
+                    ratio=decode.ratio, flip=decode.flip, resize_ratio=decode.resize_ratio,
+                    dct_scaling=decode.dct_scaling, url=url, member=f"{key}.{ext}")
+        if config.label is not None:
+            arrays[LABELS][row] = _label(sample, config.label, url, key)
+        for name, source in config.fields:
+            spec = self.specs[name]
+            value = source(sample) if callable(source) else _field_value(sample, source, spec, url, key)
+            value = np.asarray(value)
+            if value.shape != spec.shape:
+                raise SampleError(f"field {name!r} has shape {value.shape}, the layout declares {spec.shape}",
+                                  url, key)
+            arrays[name][row] = value
+        if config.keys:
+            encoded = str(key).encode()
+            width = np.dtype(self.specs[KEYS].dtype).itemsize
+            if len(encoded) > width:
+                raise SampleError(f"key is {len(encoded)} bytes long, more than key_length={width}", url, key)
+            arrays[KEYS][row] = encoded
+        self.last_good = {name: array[row].copy() for name, array in arrays.items()}
+
+
+def _fields(sample):
+    return ", ".join(sorted(k for k in sample if not k.startswith("__"))) or "no fields"
+
+
+def _label(sample, source, url, key):
+    if callable(source):
+        return source(sample)
+    if source not in sample:
+        raise SampleError(f"no label field {source!r} in the sample; it has {_fields(sample)}", url, key)
+    value = sample[source]
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        try:
+            return int(bytes(value).decode().strip())
+        except ValueError as exn:
+            raise SampleError(f"label field {source!r} is {bytes(value)[:40]!r}, not an integer", url, key) from exn
+    return value
+
+
+def _field_value(sample, ext, spec, url, key):
+    """The array of extension ``ext``: ``.npy`` bytes, or text numbers (``"1 2 3"``)."""
+    if ext not in sample:
+        raise SampleError(f"no field {ext!r} in the sample; it has {_fields(sample)}", url, key)
+    value = sample[ext]
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        return value
+    data = bytes(value)
+    if data.startswith(b"\x93NUMPY"):
+        import io
+
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    try:
+        return np.array(data.decode().split(), dtype=spec.dtype).reshape(spec.shape)
+    except ValueError as exn:
+        raise SampleError(f"field {ext!r} is neither .npy data nor numbers of shape {spec.shape}", url, key) from exn
+
+
+def _shuffled(samples, size, rng):
+    """Samples in a random order from a buffer of ``size``; all of them, each once."""
+    buffer = []
+    for sample in samples:
+        if len(buffer) < size:
+            buffer.append(sample)
+            continue
+        i = rng.randrange(size)
+        buffer[i], sample = sample, buffer[i]
+        yield sample
+    rng.shuffle(buffer)
+    yield from buffer

@@ -1,0 +1,70 @@
+"""Shard manifests: a JSON file listing shards with their sample counts.
+
+Sample counts are what make exact epochs possible: with them a loader knows
+``len()``, splits shards between ranks at sample granularity and gives every
+rank the same number of batches. The format::
+
+    {"shards": [{"url": "train-000000.tar", "samples": 1000, ...}, ...], ...}
+
+Other keys (``size``, ``sha256``, anything at the top level) are kept for
+whoever wrote them. A relative ``url`` is relative to the manifest itself:
+its directory for a local file, its URL for a remote one, so a manifest can
+travel with its shards.
+"""
+
+import json
+import os
+import posixpath
+from urllib.parse import urlsplit, urlunsplit
+
+from .gopen import gopen, local_path
+
+__all__ = ["read_index", "resolve_url", "write_index"]
+
+
+def resolve_url(base, url):
+    """``url`` made absolute against the manifest at ``base`` (a path or a URL)."""
+    if "://" in url or url.startswith(("pipe:", "/")) or url == "-":
+        return url
+    path = local_path(base)
+    if path is not None:
+        return os.path.join(os.path.dirname(path), url)
+    parts = urlsplit(base)
+    return urlunsplit(parts._replace(path=posixpath.join(posixpath.dirname(parts.path), url), query=""))
+
+
+def read_index(source):
+    """``[(url, samples), ...]`` from a manifest at ``source`` (path or URL, read with gopen).
+
+    ValueError naming the manifest and the entry when the file is not one.
+    """
+    with gopen(source, "rb") as stream:
+        text = stream.read()
+    try:
+        index = json.loads(text)
+    except ValueError as exn:
+        raise ValueError(f"shard index {source!r} is not JSON: {exn}") from exn
+    shards = index.get("shards") if isinstance(index, dict) else None
+    if not isinstance(shards, list) or not shards:
+        raise ValueError(f"shard index {source!r} has no non-empty 'shards' list")
+    table = []
+    for i, entry in enumerate(shards):
+        url = entry.get("url") if isinstance(entry, dict) else None
+        samples = entry.get("samples") if isinstance(entry, dict) else None
+        if not isinstance(url, str) or not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+            raise ValueError(f"shard index {source!r}: entry {i} ({entry!r}) needs a 'url' string and a "
+                             f"'samples' count >= 0")
+        table.append((resolve_url(source, url), samples))
+    return table
+
+
+def write_index(path, shards, **extra):
+    """Write a manifest of ``shards`` (``(url, samples)`` pairs or dicts with more keys) to
+    ``path``, atomically; ``extra`` keys go to the top level."""
+    entries = [dict(entry) if isinstance(entry, dict) else {"url": entry[0], "samples": entry[1]}
+               for entry in shards]
+    temp = f"{path}.tmp{os.getpid()}"
+    with open(temp, "w") as stream:
+        json.dump(dict(extra, shards=entries), stream, indent=1)
+        stream.write("\n")
+    os.replace(temp, path)
