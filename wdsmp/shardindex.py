@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .gopen import gopen, local_path
 
-__all__ = ["read_index", "resolve_url", "write_index"]
+__all__ = ["read_index", "relative_url", "resolve_url", "write_index"]
 
 
 def resolve_url(base, url):
@@ -31,6 +31,16 @@ def resolve_url(base, url):
         return os.path.join(os.path.dirname(path), url)
     parts = urlsplit(base)
     return urlunsplit(parts._replace(path=posixpath.join(posixpath.dirname(parts.path), url), query=""))
+
+
+def relative_url(index, url):
+    """``url`` as the index at ``index`` should list it: relative when it is a local file in the
+    index's directory or below, as given otherwise."""
+    path, base = local_path(url), local_path(index)
+    if path is None or base is None:
+        return url
+    relative = os.path.relpath(os.path.abspath(path), os.path.dirname(os.path.abspath(base)))
+    return url if relative.startswith(os.pardir) else relative
 
 
 def read_index(source):

@@ -262,11 +262,13 @@ class ShardWriter:
     bytes, headers included); a sample larger than ``maxsize`` gets a shard of
     its own. ``post(fname)`` is called after each shard is closed; ``opener(fname)``
     returns the binary stream to write it to (default: ``gopen(fname, "wb")``);
-    other keyword arguments go to ``TarWriter``. ``shards`` lists the names written.
+    other keyword arguments go to ``TarWriter``. ``shards`` lists the names written, ``counts``
+    their sample counts. ``index="path.json"`` writes a shard index (``wdsmp.shardindex``) of
+    them at ``close()``, so loaders know every count (``len()``, exact epochs).
     """
 
     def __init__(self, pattern, maxcount=100000, maxsize=3e9, post=None, start_shard=0,
-                 verbose=0, opener=None, **kw):
+                 verbose=0, opener=None, index=None, **kw):
         try:
             distinct = pattern % 0 != pattern % 1
         except (TypeError, ValueError) as exn:
@@ -290,6 +292,8 @@ class ShardWriter:
         self.count = self.size = self.total = 0
         self.fname = None
         self.shards = []
+        self.counts = []
+        self.index = index
         self.tarstream = None
         self._stream = None
         self.closed = False
@@ -311,6 +315,7 @@ class ShardWriter:
             raise
         self._stream = stream
         self.shards.append(self.fname)
+        self.counts.append(0)
         self.count = self.size = 0
 
     def write(self, obj):
@@ -323,6 +328,7 @@ class ShardWriter:
             self.next_stream()
         written = self.tarstream._add(members)
         self.count += 1
+        self.counts[-1] += 1
         self.total += 1
         self.size += written
         return written
@@ -341,10 +347,15 @@ class ShardWriter:
             self.post(self.fname)
 
     def close(self):
-        """Finish the last shard. Idempotent."""
+        """Finish the last shard, and write the index if one was asked for. Idempotent."""
         if not self.closed:
             self.closed = True
             self.finish()
+            if self.index is not None:
+                from .shardindex import relative_url, write_index
+
+                write_index(self.index, [(relative_url(self.index, name), count)
+                                         for name, count in zip(self.shards, self.counts)])
 
     def __enter__(self):
         return self

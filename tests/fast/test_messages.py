@@ -6,7 +6,9 @@ import pickle
 import pytest
 
 from wdsmp.errors import ShardError, WdsmpError, WorkerError
-from wdsmp.fast.messages import BatchReady, Stop, WorkerDone, WorkerFailed
+import warnings
+
+from wdsmp.fast.messages import BatchReady, Stop, WorkerDone, WorkerFailed, WorkerWarning
 
 
 class Unpicklable(Exception):
@@ -24,7 +26,8 @@ def failure(exn, **kw):
 
 @pytest.mark.parametrize("message", [
     BatchReady(slot=3, worker=1, epoch=0, index=17, count=256),
-    WorkerDone(worker=1, epoch=0, batches=40, samples=10240, skipped=2),
+    WorkerDone(worker=1, epoch=0, batches=40, samples=10240, skipped=2, padded=1),
+    WorkerWarning(worker=1, category="UserWarning", message="bad sample"),
     Stop(),
     WorkerFailed(0, "ValueError", "bad", "Traceback ...", "s.tar", "x.jpg"),
 ])
@@ -79,3 +82,17 @@ def test_an_unpicklable_exception_travels_as_text():
     message = failure(Unpicklable("weird"))
     assert message.exc_type.endswith("test_messages.Unpicklable")
     assert pickle.loads(pickle.dumps(message)).to_error().args == message.to_error().args
+
+
+def test_warnings_are_issued_again_with_their_category():
+    message = WorkerWarning.from_warning(3, DeprecationWarning("old"), DeprecationWarning)
+    with pytest.warns(DeprecationWarning, match="in loader worker 3: old"):
+        message.reissue()
+
+    class Custom(UserWarning):
+        pass
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        WorkerWarning.from_warning(0, "odd", Custom).reissue()
+    assert caught[0].category is UserWarning and "odd" in str(caught[0].message)

@@ -1,0 +1,63 @@
+"""Shard indexes: written by ShardWriter or write_index, read locally or over HTTP, errors named."""
+
+import json
+
+import pytest
+
+import wdsmp
+from wdsmp.shardindex import read_index, relative_url, resolve_url, write_index
+
+
+def test_shardwriter_writes_an_index_with_every_count(tmp_path):
+    index = tmp_path / "index.json"
+    with wdsmp.ShardWriter(str(tmp_path / "part-%03d.tar"), maxcount=4, index=str(index)) as sink:
+        for i in range(10):
+            sink.write({"__key__": f"{i:03d}", "txt": b"x"})
+    assert sink.counts == [4, 4, 2]
+    assert json.loads(index.read_text())["shards"] == [
+        {"url": "part-000.tar", "samples": 4}, {"url": "part-001.tar", "samples": 4},
+        {"url": "part-002.tar", "samples": 2}]
+    table = read_index(str(index))
+    assert table == [(str(tmp_path / f"part-00{i}.tar"), n) for i, n in enumerate([4, 4, 2])]
+    samples = list(wdsmp.DataPipeline(wdsmp.SimpleShardList([url for url, _ in table]), wdsmp.tarfile_to_samples()))
+    assert len(samples) == 10
+
+
+def test_urls_are_relative_to_the_index(tmp_path):
+    assert resolve_url("/data/index.json", "a.tar") == "/data/a.tar"
+    assert resolve_url("/data/index.json", "sub/a.tar") == "/data/sub/a.tar"
+    assert resolve_url("http://host:8/x/index.json?sig=1", "a.tar") == "http://host:8/x/a.tar"
+    assert resolve_url("s3://bucket/x/index.json", "a.tar") == "s3://bucket/x/a.tar"
+    for absolute in ("/elsewhere/a.tar", "http://h/a.tar", "pipe:cat a.tar"):
+        assert resolve_url("/data/index.json", absolute) == absolute
+    assert relative_url("/data/index.json", "/data/sub/a.tar") == "sub/a.tar"
+    assert relative_url("/data/index.json", "/other/a.tar") == "/other/a.tar"
+    assert relative_url("/data/index.json", "http://h/a.tar") == "http://h/a.tar"
+
+
+def test_an_index_over_http(http_server):
+    http_server.put_file("/d/index.json", json.dumps({"shards": [{"url": "a.tar", "samples": 3}]}).encode())
+    assert read_index(http_server.url("/d/index.json")) == [(http_server.url("/d/a.tar"), 3)]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("not json", "is not JSON"),
+    ("[]", "no non-empty 'shards' list"),
+    ('{"shards": []}', "no non-empty 'shards' list"),
+    ('{"shards": [{"url": "a.tar"}]}', r"entry 0 .* needs a 'url' string and a 'samples' count"),
+    ('{"shards": [{"url": "a.tar", "samples": -1}]}', "entry 0"),
+    ('{"shards": [{"url": 3, "samples": 1}]}', "entry 0"),
+])
+def test_bad_indexes_are_named(tmp_path, text, match):
+    path = tmp_path / "index.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=match) as info:
+        read_index(str(path))
+    assert str(path) in str(info.value)
+
+
+def test_write_index_keeps_extra_keys_and_is_atomic(tmp_path):
+    path = tmp_path / "index.json"
+    write_index(str(path), [{"url": "a.tar", "samples": 2, "sha256": "00"}], classes=10)
+    assert json.loads(path.read_text()) == {"classes": 10, "shards": [{"url": "a.tar", "samples": 2, "sha256": "00"}]}
+    assert [p.name for p in tmp_path.iterdir()] == ["index.json"]
