@@ -258,6 +258,34 @@ def test_stages_fields_and_label_functions(shards):
         assert loader.stats["padded"] > 0  # the select stage dropped half: rows repeat (NOTE [full batches])
 
 
+def below_forty(sample):
+    return int(sample["cls"]) < 40
+
+
+def test_whole_batches_lost_to_a_stage_repeat_the_last_good_sample(shards):
+    _, index, _ = shards
+    with _loader(index, keys=True, num_workers=1, shuffle=False, train=False,
+                 stages=[wdsmp.select(below_forty)]) as loader:
+        batches = [batch for batch in loader]
+    assert len(batches) == 17 and all(batch.count == 4 for batch in batches)
+    assert batches[-1].keys == [batches[9].keys[-1]] * 4  # the last full batch's last sample
+    assert torch.equal(batches[-1].images[0], batches[9].images[-1])
+
+
+def test_progress_reports_throughput(shards, capsys):
+    _, index, _ = shards
+    with _loader(index, progress=1e-6) as loader:
+        list(loader)
+        assert loader.stats["samples"] == 68 and loader.stats["images_per_s"] > 0
+    assert "wdsmp FastLoader: epoch 0, 1 batches" in capsys.readouterr().err
+
+
+def test_a_ring_too_big_for_dev_shm_is_a_clear_error(shards):
+    _, index, _ = shards
+    with pytest.raises(OSError, match=r"needs .* MiB .* but /dev/shm has only"):
+        FastLoader(index, 1 << 16, image_size=2048, num_workers=64, policy="pad")
+
+
 def test_bad_field_declarations_fail_at_construction(shards):
     urls, _, _ = shards
     with pytest.raises(ValueError, match="taken by the loader"):

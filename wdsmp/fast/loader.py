@@ -204,6 +204,9 @@ class FastLoader:
     out ranks. ``resampled=True`` draws shards with replacement forever, ``epoch_batches``
     per epoch.
 
+    Throughput: ``stats`` counts images, images/s and the time spent waiting for workers;
+    ``progress=True`` (or seconds between reports) prints them to stderr as it goes.
+
     Errors: by default a bad sample stops the epoch with a ``WorkerError`` naming the
     worker, shard and member; ``handler=wdsmp.warn_and_continue`` skips bad samples instead
     (counted in ``stats``; NOTE [full batches] in ``worker.py``). Batches are views of shared
@@ -249,7 +252,11 @@ class FastLoader:
         self.world_size = node[1] if world_size is None else world_size
         self.policy, self.resampled, self.epoch_batches = policy, bool(resampled), epoch_batches
         self.copy, self.channels_first, self.timeout = bool(copy), bool(channels_first), timeout
-        self.progress = bool(progress)
+        if isinstance(progress, bool) or progress is None:
+            progress = 10.0 if progress else None
+        elif not progress > 0:
+            raise ValueError(f"progress must be a bool or seconds between reports, not {progress!r}")
+        self.progress = progress
         self.shards = _shard_table(urls, index)
         layout, extra = self._layout(label, keys, key_length, fields)
         self._start_method = start_method
@@ -389,7 +396,7 @@ class FastLoader:
         stats["batches"] += 1
         stats["samples"] += message.count
         stats["wait_s"] += waited
-        if self.progress and time.monotonic() - stats.setdefault("_logged", 0.0) >= 10.0:
+        if self.progress is not None and time.monotonic() - stats.setdefault("_logged", 0.0) >= self.progress:
             stats["_logged"] = time.monotonic()
             print(f"wdsmp FastLoader: {self._describe_rate()}", file=sys.stderr, flush=True)
 

@@ -168,7 +168,7 @@ class _Epoch:
         self.specs = {spec.name: spec for spec in config.layout.fields}
         self.augment = random.Random(make_seed(plan.seed, "augment"))
         self.samples = self.skipped = self.padded = 0
-        self.last_good = None  # a copy of the last row written: {field: array}
+        self.last_good = None  # a copy of the last row of the last full batch: {field: array}
 
     def _handle(self, exn):
         """The user's handler on a bad sample or shard: True to go on (counted as skipped)."""
@@ -224,6 +224,7 @@ class _Epoch:
             self.samples += 1
             rows += 1
             if rows == size:
+                self.last_good = {name: array[-1].copy() for name, array in arrays.items()}
                 self._publish(slot, index, size)
                 index, slot, rows = index + 1, None, 0
         if hasattr(source, "close"):
@@ -249,6 +250,13 @@ class _Epoch:
         self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, index, count))
 
     def _pad(self, arrays, rows):
+        """Fill rows ``rows:`` with the last good sample: in this slot if it has one, else the
+        copy kept from the last full batch."""
+        if rows:
+            for array in arrays.values():
+                array[rows:] = array[rows - 1]
+            self.padded += self.batch_size - rows
+            return
         if self.last_good is None:
             raise WdsmpError(f"worker {self.worker} read no usable sample in its part of epoch {self.plan.epoch}, "
                              f"so it cannot fill its {self.plan.num_batches - self.plan.skip_batches} batches "
@@ -285,7 +293,6 @@ class _Epoch:
             if len(encoded) > width:
                 raise SampleError(f"key is {len(encoded)} bytes long, more than key_length={width}", url, key)
             arrays[KEYS][row] = encoded
-        self.last_good = {name: array[row].copy() for name, array in arrays.items()}
 
 
 def _fields(sample):
