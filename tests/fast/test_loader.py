@@ -442,3 +442,58 @@ def test_cuda_needs_a_gpu(shards):
     with _loader(urls) as loader:
         with pytest.raises(RuntimeError, match="needs a CUDA device"):
             loader.cuda()
+
+
+def test_a_skipped_last_sample_does_not_lose_its_slot(shards):
+    urls, _, _ = shards
+    damaged = _damage(urls[0], "s0/022")  # the last sample, after two full batches of 11
+    with _loader([damaged], batch_size=11, num_workers=1, prefetch=1, shuffle=False, timeout=10,
+                 handler=wdsmp.ignore_and_continue) as loader:
+        for _ in range(3):
+            assert [batch.count for batch in loader] == [11, 11]
+
+
+def raise_on_seven(samples):
+    for sample in samples:
+        if sample["__key__"].endswith("007"):
+            raise ValueError("stage failure")
+        yield sample
+
+
+def test_a_failing_stage_ends_the_part_loudly(shards):
+    urls, _, _ = shards
+    with pytest.warns(UserWarning, match="a stage raised ValueError: stage failure; the rest of worker 0's part"):
+        with _loader([(urls[0], PER_SHARD)], num_workers=1, shuffle=False, train=False, keys=True,
+                     stages=[raise_on_seven], handler=wdsmp.ignore_and_continue) as loader:
+            batches = list(loader)
+    assert len(batches) == 5 and batches[1].keys == ["s0/004", "s0/005", "s0/006", "s0/006"]
+    assert all(batch.keys == ["s0/006"] * 4 for batch in batches[2:])
+
+
+def test_state_after_an_error_and_set_epoch_keep_the_position(shards):
+    urls, _, _ = shards
+    damaged = _damage(urls[0], "s0/013")
+    with _loader([(damaged, PER_SHARD)], num_workers=1, shuffle=False, train=False) as loader:
+        iterator = iter(loader)
+        for _ in range(2):
+            next(iterator)
+        with pytest.raises(WorkerError):
+            next(iterator)
+            next(iterator)
+        state = loader.state_dict()
+    assert (state["epoch"], state["batches_done"]) == (0, 3)
+    with _loader([(damaged, PER_SHARD)], num_workers=1, shuffle=False, train=False) as loader:
+        loader.load_state_dict(state)
+        loader.set_epoch(0)  # as a training loop does at the top of each epoch
+        assert loader.state_dict()["batches_done"] == 3
+
+
+def test_batches_copy_and_pickle(shards):
+    import copy
+    import pickle
+
+    _, index, _ = shards
+    with _loader(index, keys=True, copy=True) as loader:
+        batch = next(iter(loader))
+    for clone in (copy.copy(batch), pickle.loads(pickle.dumps(batch))):
+        assert isinstance(clone, Batch) and clone.keys == batch.keys and torch.equal(clone.images, batch.images)

@@ -87,6 +87,9 @@ class Batch(tuple):
         batch.keys, batch.fields, batch.epoch = keys, dict(fields or {}), epoch
         return batch
 
+    def __getnewargs__(self):  # copy and pickle; the attributes follow in __dict__
+        return tuple(self)
+
     @property
     def images(self):
         return self[0]
@@ -259,17 +262,17 @@ class FastLoader:
         self.progress = progress
         self.shards = _shard_table(urls, index)
         layout, extra = self._layout(label, keys, key_length, fields)
+        decode = DecodeOptions(self.train, _pair(scale, "scale"), _pair(ratio, "ratio"), float(flip),
+                               float(resize_ratio), bool(dct_scaling))
+        image_keys = _extensions(image_keys, "image_keys")
         self._start_method = start_method
         _pool.context(start_method)  # a bad start method fails here, not at the first batch
         self.plan(0)  # bad plan arguments (rank, policy, too few samples) fail here too
         cleanup_stale(DEFAULT_PREFIX)
-        self._ring = Ring.create(layout, self.num_workers * self.prefetch)
+        self._ring = Ring.create(layout, self.num_workers * self.prefetch)  # last: nothing after it fails
         self._config = WorkerConfig(
-            ring=self._ring.name, layout=layout, image_keys=_extensions(image_keys, "image_keys"), label=label,
-            fields=extra, keys=bool(keys), stages=stages, handler=handler,
-            decode=DecodeOptions(self.train, _pair(scale, "scale"), _pair(ratio, "ratio"), float(flip),
-                                 float(resize_ratio), bool(dct_scaling)),
-            shuffle_buffer=buffer, parent=_process_identity())
+            ring=self._ring.name, layout=layout, image_keys=image_keys, label=label, fields=extra, keys=bool(keys),
+            stages=stages, handler=handler, decode=decode, shuffle_buffer=buffer)
         self._state = _State(self._ring)
         self._finalizer = weakref.finalize(self, self._state.close)
         self.epoch = 0
@@ -316,7 +319,8 @@ class FastLoader:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, not {epoch!r}")
         self.epoch = epoch
-        self._resume = None
+        if self._resume is not None and self._resume.epoch != epoch:
+            self._resume = None  # a loaded state of this very epoch stays in force
 
     def __len__(self):
         """Batches per epoch on this rank; TypeError when sample counts are unknown."""
@@ -350,11 +354,15 @@ class FastLoader:
         return iterator
 
     def state_dict(self):
-        """Where this loader stands: the epoch and the batches delivered in it. Give it to
-        ``load_state_dict`` of a loader with the same shards and settings to go on from there."""
+        """Where this loader stands: the epoch and the batches handed out in it (also after an
+        error ended it). Give it to ``load_state_dict`` of a loader with the same shards and
+        settings to go on with exactly the batches not yet seen; exact as long as stages and the
+        handler drop no samples (a dropped sample shifts the batches after it)."""
         progress = self._progress
-        if progress is not None and not progress.finished:
-            epoch, delivered = progress.epoch, tuple(progress.delivered)
+        if self._resume is not None:
+            epoch, delivered = self._resume.epoch, self._resume.worker_batches
+        elif progress is not None and not progress.complete:
+            epoch, delivered = progress.epoch, tuple(progress.handed)
         else:
             epoch, delivered = self.epoch, (0,) * self.num_workers
         return {"epoch": epoch, "batches_done": sum(delivered), "worker_batches": list(delivered),
@@ -363,7 +371,7 @@ class FastLoader:
 
     def load_state_dict(self, state):
         """Make the next ``iter()`` continue where ``state`` (from ``state_dict``) stood."""
-        for name in ("num_workers", "batch_size", "seed", "world_size"):
+        for name in ("num_workers", "batch_size", "seed", "rank", "world_size"):
             if state.get(name) != getattr(self, name):
                 raise ValueError(f"state was saved with {name}={state.get(name)!r}, this loader has "
                                  f"{getattr(self, name)!r}: resuming exactly needs the same settings")
@@ -452,12 +460,6 @@ class FastLoader:
                 f"image_size={self.image_size}, train={self.train}, {state})")
 
 
-def _process_identity():
-    import psutil
-
-    return os.getpid(), psutil.Process().create_time()
-
-
 class _Workers:
     """One generation of worker processes and their queues (NOTE [loader protocol])."""
 
@@ -475,17 +477,20 @@ class _Workers:
                                                     self.stop_event) for w in range(num_workers)], ctx)
 
     def shutdown(self, timeout=5.0):
-        """NOTE [shutdown order], the workers' part. Idempotent."""
+        """NOTE [shutdown order], the workers' part. Idempotent; done even when interrupted."""
         if self.broken:
             return
         self.broken = True
-        self.stop_event.set()
-        for queue in self.tasks:
-            queue.put(Stop())
-        self.pool.stop(timeout)
-        for queue in [self.ready, *self.tasks, *self.free]:
-            queue.cancel_join_thread()
-            queue.close()
+        try:
+            self.stop_event.set()
+            for queue in self.tasks:
+                queue.put(Stop())
+            self.pool.stop(timeout)
+        finally:
+            self.pool.stop(0.0)  # after an interrupted join: terminate and kill at once
+            for queue in [self.ready, *self.tasks, *self.free]:
+                queue.cancel_join_thread()
+                queue.close()
 
 
 class _State:
@@ -495,6 +500,7 @@ class _State:
         self.ring = ring
         self.workers = None
         self.pinned = []  # cleanup callables of pinned-memory registrations (transfer.py)
+        self.pin_failed = False
         self.closed = False
 
     def start(self, config, num_workers, prefetch, start_method):
@@ -508,12 +514,16 @@ class _State:
         if self.closed:
             return
         self.closed = True
-        if self.workers is not None:
-            self.workers.shutdown()
-            self.workers = None
-        while self.pinned:
-            self.pinned.pop()()
-        self.ring.close()
+        try:
+            if self.workers is not None:
+                self.workers.shutdown()
+                self.workers = None
+        finally:
+            try:
+                while self.pinned:
+                    self.pinned.pop()()
+            finally:
+                self.ring.close()
 
 
 class _Progress:
@@ -523,8 +533,14 @@ class _Progress:
 
     def __init__(self, plan, workers):
         self.epoch, self.workers = plan.epoch, workers
-        self.delivered = [part.skip_batches for part in plan.workers]
-        self.finished = False
+        self.delivered = [part.skip_batches for part in plan.workers]  # taken off the queue
+        self.handed = list(self.delivered)  # given to the user (``.cuda()`` takes some ahead)
+        self.finished = False  # no more batches will come
+        self.complete = False  # ... and all were handed out: ``state_dict`` moves to the next epoch
+
+    def hand(self, message):
+        self.handed[message.worker] += 1
+        self.complete = self.finished and self.handed == self.delivered
 
     def abandon(self):
         """End the epoch before its end: its workers stop, and the next epoch starts new ones."""
@@ -561,6 +577,7 @@ class _EpochIterator:
             self.release(self.held)
             self.held = None
         message = self.next_message()
+        self.progress.hand(message)
         batch = self.loader._tensors(message)
         if self.loader.copy:
             self.release(message)
@@ -643,6 +660,7 @@ class _EpochIterator:
 
     def _finish(self):
         self.progress.finished = True
+        self.progress.complete = self.progress.handed == self.progress.delivered
         if self.held is not None:
             self.release(self.held)
             self.held = None

@@ -13,8 +13,10 @@ NOTE [pinned transfer]
       kernels run, and the tensors are marked as used on that stream so the
       caching allocator does not hand their memory out early.
     * A slot goes back to its worker only once the event of its copy has
-      completed (checked without blocking at each step, waited for at the
-      end): a worker never overwrites memory the GPU is still reading.
+      completed: a worker never overwrites memory the GPU is still reading.
+      Events are checked without blocking before each new batch is taken,
+      and waited for when the worker due next holds no free slot (it could
+      never deliver the batch the loader waits for) and at the end.
     * Normalisation and dtype conversion run on the GPU, on the consumer's
       stream, after the copy.
 """
@@ -24,25 +26,41 @@ import collections
 __all__ = ["CudaLoader"]
 
 
+def _clear_cuda_error():
+    """Reset CUDA's sticky last error after a failed runtime call made outside torch, so that
+    torch's next check does not report it against an unrelated kernel."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if "libcudart" in line}
+    for path in paths:
+        ctypes.CDLL(path).cudaGetLastError()
+
+
 def _register(ring, state):
-    """Register the ring's memory with CUDA; True on success. Unregistered at the loader's close."""
+    """Register the ring's memory with CUDA once per loader; False when that failed (then and
+    before). Unregistered at the loader's close, after the device is idle."""
     import numpy as np
     import torch
 
+    if state.pin_failed:
+        return False
     if any(getattr(cleanup, "ring", None) == ring.name for cleanup in state.pinned):
         return True
     memory = np.frombuffer(ring._mmap, np.uint8)
     pointer, size = memory.ctypes.data, memory.nbytes
     cudart = torch.cuda.cudart()
     if int(cudart.cudaHostRegister(pointer, size, 0)) != 0:
-        torch.cuda.synchronize()
+        _clear_cuda_error()
+        state.pin_failed = True
         return False
+    memory_ref = [memory]  # keeps the mapping alive while it is registered
 
     def unregister():
+        torch.cuda.synchronize()  # no copy may still read it (a .cuda() iterator left suspended)
         cudart.cudaHostUnregister(pointer)
         del memory_ref[:]
 
-    memory_ref = [memory]  # keeps the mapping alive while it is registered
     unregister.ring = ring.name
     state.pinned.append(unregister)
     return True
@@ -105,6 +123,7 @@ class CudaLoader:
         try:
             while True:
                 while len(inflight) < self.depth:
+                    self._release(epoch, unreleased)
                     try:
                         message = epoch.next_message()
                     except StopIteration:
@@ -117,18 +136,30 @@ class CudaLoader:
                         unreleased.append(inflight[-1][:2])
                 if not inflight:
                     return
-                _, event, batch = inflight.popleft()
+                message, event, batch = inflight.popleft()
                 current = torch.cuda.current_stream(self.device)
                 current.wait_event(event)
                 for tensor in _tensors(batch):
                     tensor.record_stream(current)
-                while unreleased and unreleased[0][1].query():
-                    epoch.release(unreleased.popleft()[0])
+                epoch.progress.hand(message)
                 yield self._finish(batch)
         finally:
             for message, event in unreleased:
                 event.synchronize()
                 epoch.release(message)
+
+    def _release(self, epoch, unreleased):
+        """Give back the slots whose copies are done; and wait for the copies of the next worker's
+        slots if it has none left, or it could never deliver the batch the loader waits for."""
+        while unreleased and unreleased[0][1].query():
+            epoch.release(unreleased.popleft()[0])
+        worker = epoch._next_worker()
+        mine = [entry for entry in unreleased if entry[0].worker == worker]
+        while worker is not None and len(mine) >= self.loader.prefetch:
+            message, event = mine.pop(0)
+            event.synchronize()
+            unreleased.remove((message, event))
+            epoch.release(message)
 
     def _copy(self, epoch, message, side, staging, index):
         """Start copying the slot of ``message`` to the device; ``(message, event, batch)``."""
@@ -138,9 +169,12 @@ class CudaLoader:
         with torch.cuda.stream(side):
             if staging is not None:
                 previous = staging[index]
-                if previous is not None:
+                tensors = _tensors(cpu)
+                if previous is not None and [b.shape for b in previous[1]] == [t.shape for t in tensors]:
                     previous[0].synchronize()
-                buffers = [torch.empty_like(t, pin_memory=True).copy_(t) for t in _tensors(cpu)]
+                    buffers = [b.copy_(t) for b, t in zip(previous[1], tensors)]
+                else:
+                    buffers = [torch.empty_like(t, pin_memory=True).copy_(t) for t in tensors]
                 source = _rebuild(cpu, buffers)
             else:
                 source = cpu

@@ -78,7 +78,6 @@ class WorkerConfig:
     handler: Callable
     decode: DecodeOptions
     shuffle_buffer: int
-    parent: Tuple[int, float]  # the loader's pid and process start time
 
 
 class _Stopped(Exception):
@@ -89,7 +88,7 @@ def worker_main(worker, config, tasks, free, ready, stop):
     """Serve epochs: take a ``WorkerPlan`` from ``tasks``, fill slots taken from ``free``,
     announce them on ``ready``; until ``Stop``, the ``stop`` event, or the loader's death."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
-    threading.Thread(target=_watch_parent, args=config.parent, daemon=True, name="wdsmp-parent-watch").start()
+    threading.Thread(target=_watch_parent, daemon=True, name="wdsmp-parent-watch").start()
 
     def forward(message, category, *_):
         ready.put(WorkerWarning.from_warning(worker, message, category))
@@ -118,18 +117,17 @@ def worker_main(worker, config, tasks, free, ready, stop):
         ring.close()
 
 
-def _watch_parent(pid, start_time):
-    """Exit when the loader's process is gone, wherever the worker is blocked."""
-    import psutil
+def _watch_parent():
+    """Exit when the loader's process is gone, wherever the worker is blocked: the parent's
+    sentinel (a pipe only the parent holds open, under spawn and forkserver alike) becomes
+    readable when it dies."""
+    import multiprocessing
+    from multiprocessing.connection import wait
 
-    while True:
-        time.sleep(1.0)
-        try:
-            alive = psutil.Process(pid).create_time() == start_time
-        except psutil.NoSuchProcess:
-            alive = False
-        if not alive:
-            os._exit(3)
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        wait([parent.sentinel])
+        os._exit(3)
 
 
 def _wait(queue, stop):
@@ -208,9 +206,12 @@ class _Epoch:
             try:
                 sample = next(source, None)
             except Exception as exn:
+                # Stages are generators: one that raised has ended, and the rest of this part with it.
                 if self._handle(exn):
-                    continue
-                sample = None
+                    warnings.warn(f"a stage raised {type(exn).__name__}: {exn}; the rest of worker "
+                                  f"{self.worker}'s part of epoch {plan.epoch} is lost (after {self.samples} "
+                                  f"samples): a stage must handle its own errors to skip single samples")
+                break
             if sample is None:
                 break
             if slot is None:
@@ -224,21 +225,22 @@ class _Epoch:
             self.samples += 1
             rows += 1
             if rows == size:
-                self.last_good = {name: array[-1].copy() for name, array in arrays.items()}
-                self._publish(slot, index, size)
+                self._publish(slot, arrays, index, size)
                 index, slot, rows = index + 1, None, 0
         if hasattr(source, "close"):
             source.close()
         if plan.num_batches is None:
             if rows:
-                self._publish(slot, index, rows)
+                self._publish(slot, arrays, index, rows)
                 index += 1
+            elif slot is not None:  # taken for a sample that was then skipped
+                self.free.put(slot)
         else:
             while index < plan.num_batches:  # NOTE [full batches]
                 if slot is None:
                     slot, arrays = self._take_slot()
                 self._pad(arrays, rows)
-                self._publish(slot, index, size)
+                self._publish(slot, arrays, index, size)
                 index, slot, rows = index + 1, None, 0
         return WorkerDone(self.worker, plan.epoch, index, self.samples, self.skipped, self.padded)
 
@@ -246,12 +248,14 @@ class _Epoch:
         slot = _wait(self.free, self.stop)
         return slot, self.ring.views(slot)
 
-    def _publish(self, slot, index, count):
+    def _publish(self, slot, arrays, index, count):
+        if count == self.batch_size:  # what _pad repeats once no row of the next slot is filled
+            self.last_good = {name: array[-1].copy() for name, array in arrays.items()}
         self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, index, count))
 
     def _pad(self, arrays, rows):
         """Fill rows ``rows:`` with the last good sample: in this slot if it has one, else the
-        copy kept from the last full batch."""
+        copy kept from the last full batch (padded or not)."""
         if rows:
             for array in arrays.values():
                 array[rows:] = array[rows - 1]
