@@ -13,6 +13,8 @@ The contenders (``CONTENDERS``), each run with the same worker count:
   map_tuple(RandomResizedCrop(224) + random flip in PIL, None), batched(B))`` in
   ``torch.utils.data.DataLoader(num_workers=N, batch_size=None, persistent_workers=True)``;
   batches of (B, 224, 224, 3) uint8 and (B,) int64 tensors.
+- "FastLoader": ``wdsmp.FastLoader(index.json, B, num_workers=N)``, train mode
+  (RandomResizedCrop(224) + flip), batches as zero-copy tensors of the same shapes.
 - "decode-only ceiling": libjpeg-turbo (simplejpeg) decoding the corpus's JPEGs
   (``.ppm`` members: parsed and copied) to full-size RGB on one core, timed
   call by call, times N workers: what N workers could reach if decoding were
@@ -29,7 +31,9 @@ a small corpus weighs them more than ImageNet would); after the first batch
 counted. CPU is the CPU time of this process and its descendants alive at the
 end of the timed window, in cores busy over that window (psutil); peak PSS is
 the largest sum of PSS over the same processes, sampled every 0.25 s from the
-loader's construction on (``memory_full_info``); other load is the CPU the
+loader's construction on (``memory_full_info``); PSS growth is the change of
+that sum from the start to the end of the timed window, over the epochs the
+window held (a loader whose memory grows with epochs or data shows it); other load is the CPU the
 rest of the machine used meanwhile (all cores busy, hypervisor steal
 included, minus ours), so a figure taken while something else ran shows it.
 The shards are read once first, so they come from the page cache.
@@ -96,6 +100,8 @@ class Result:
     cpu_cores: float = None
     peak_pss: int = None
     other_cores: float = None
+    pss_growth: int = None
+    images: int = None
     note: str = None
 
 
@@ -208,16 +214,18 @@ def measure_loader(make_loader, args):
         while time.perf_counter() - start < first_batch + args.warmup:
             next(batches)
         cpu_before, machine_before = tree.cpu_seconds(), machine_busy_seconds()
+        pss_before = tree.pss()
         window_start = time.perf_counter()
         images = 0
         while time.perf_counter() - window_start < args.seconds:
             images += len(next(batches)[1])
         window = time.perf_counter() - window_start
         cpu_after, machine_after = tree.cpu_seconds(), machine_busy_seconds()
+        pss_growth = tree.pss() - pss_before
         del batches  # stops the workers before the PSS sampler's last look
     busy = sum(seconds - cpu_before.get(key, 0.0) for key, seconds in cpu_after.items())
     other = machine_after - machine_before - busy
-    return Result(images / window, first_batch, busy / window, tree.peak_pss, other / window)
+    return Result(images / window, first_batch, busy / window, tree.peak_pss, other / window, pss_growth, images)
 
 
 def make_dataloader(corpus, args):
@@ -301,17 +309,20 @@ def _cell(value, fmt):
     return "-" if value is None else fmt.format(value)
 
 
-def table(results):
+def table(results, corpus_size):
     base = results[BASELINE].images_per_s
     lines = ["| contender | images/s | vs DataLoader | first batch (s) | CPU (cores) | images/CPU-s "
-             "| peak PSS (MB) | other load (cores) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "| peak PSS (MB) | PSS growth (MB) over epochs | other load (cores) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         per_cpu = r.images_per_s / r.cpu_cores if r.cpu_cores else None
         pss = r.peak_pss / 2**20 if r.peak_pss is not None else None
+        growth = (f"{r.pss_growth / 2**20:+,.0f} over {r.images / corpus_size:.1f}"
+                  if r.pss_growth is not None else None)
         lines.append(f"| {name} | {r.images_per_s:,.0f} | {r.images_per_s / base:.2f}x | "
                      f"{_cell(r.first_batch_s, '{:.2f}')} | {_cell(r.cpu_cores, '{:.2f}')} | "
-                     f"{_cell(per_cpu, '{:,.0f}')} | {_cell(pss, '{:,.0f}')} | {_cell(r.other_cores, '{:.2f}')} |")
+                     f"{_cell(per_cpu, '{:,.0f}')} | {_cell(pss, '{:,.0f}')} | {_cell(growth, '{}')} | "
+                     f"{_cell(r.other_cores, '{:.2f}')} |")
     return "\n".join(lines)
 
 
@@ -381,7 +392,7 @@ def main(argv=None):
     notes = [f"- {r.note}" for r in results.values() if r.note]
     notes.append("- images/s in each round: " + "; ".join(
         f"{name} {', '.join(f'{r.images_per_s:,.0f}' for r in results)}" for name, results in rounds.items()))
-    text = table(results) + "\n\n" + "\n".join(notes)
+    text = table(results, corpus.index["samples"]) + "\n\n" + "\n".join(notes)
     print(text)
     if args.record:
         record(command, corpus, args, text)
