@@ -1,7 +1,73 @@
-"""Builds wdsmp's native core from src/ext (Cython); everything else is in pyproject.toml."""
+"""Builds wdsmp's native core from src/ext (Cython); everything else is in pyproject.toml.
+
+``wdsmp._jpegregion`` links the system's libjpeg-turbo: it is built only when a
+small test program using its region functions compiles and links here, and
+skipped otherwise (with a notice), in which case wdsmp decodes whole JPEGs with
+simplejpeg.
+"""
+
+import os
+import tempfile
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+from setuptools.errors import CompileError, LinkError
+
+# The extension that needs libjpeg-turbo's headers and library.
+JPEG_REGION = "wdsmp._jpegregion"
+
+# 2.1 or later: earlier releases have bugs in jpeg_skip_scanlines (see its ChangeLog).
+_JPEG_PROBE = """\
+#include <stddef.h>
+#include <stdio.h>
+#include <jpeglib.h>
+#if !defined(LIBJPEG_TURBO_VERSION_NUMBER) || LIBJPEG_TURBO_VERSION_NUMBER < 2001000
+#error "libjpeg-turbo 2.1 or later is needed"
+#endif
+int main(void)
+{
+    struct jpeg_decompress_struct cinfo;
+    struct jpeg_error_mgr err;
+    JDIMENSION x = 0, w = 0;
+    cinfo.err = jpeg_std_error(&err);
+    jpeg_create_decompress(&cinfo);
+    if (0) {
+        jpeg_mem_src(&cinfo, NULL, 0);
+        jpeg_crop_scanline(&cinfo, &x, &w);
+        jpeg_skip_scanlines(&cinfo, 1);
+    }
+    jpeg_destroy_decompress(&cinfo);
+    return 0;
+}
+"""
+
+
+def _libjpeg_turbo_usable(compiler):
+    """Whether the probe above compiles and links with ``-ljpeg``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = os.path.join(tmp, "probe.c")
+        with open(source, "w") as stream:
+            stream.write(_JPEG_PROBE)
+        try:
+            objects = compiler.compile([source], output_dir=tmp)
+            compiler.link_executable(objects, "probe", output_dir=tmp, libraries=["jpeg"])
+        except (CompileError, LinkError):  # the compiler has printed why
+            return False
+    return True
+
+
+class BuildExt(build_ext):
+    """build_ext that drops ``wdsmp._jpegregion`` when libjpeg-turbo is not usable."""
+
+    def build_extensions(self):
+        if not _libjpeg_turbo_usable(self.compiler):
+            self.warn(f"libjpeg-turbo 2.1+ headers and library not found; not building {JPEG_REGION}: "
+                      "FastLoader will decode whole JPEGs (install libjpeg-turbo's -dev package and "
+                      "reinstall wdsmp to get region decoding)")
+            self.extensions = [ext for ext in self.extensions if ext.name != JPEG_REGION]
+        super().build_extensions()
+
 
 extensions = [
     Extension(
@@ -16,6 +82,12 @@ extensions = [
         # the pure-Python twin computes them, so both pick the same weights.
         extra_compile_args=["-O3", "-ffp-contract=off"],
     ),
+    Extension(
+        JPEG_REGION,
+        ["src/ext/_jpegregion.pyx"],
+        libraries=["jpeg"],
+        extra_compile_args=["-O3"],
+    ),
 ]
 
-setup(ext_modules=cythonize(extensions, language_level=3))
+setup(ext_modules=cythonize(extensions, language_level=3), cmdclass={"build_ext": BuildExt})

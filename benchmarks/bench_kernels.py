@@ -1,5 +1,7 @@
 """Per-image cost of FastLoader's image step: the crop/resize/flip kernel (native,
-twin, Pillow) and JPEG decoding at each libjpeg-turbo DCT scale.
+twin, Pillow), JPEG decoding at each libjpeg-turbo DCT scale, and ``decode_into``
+with and without the JPEG region decoder (whole JPEG vs only the crop's rows
+and columns, on the same boxes).
 
 Single-threaded, so the figures are per core. Each figure is the best of
 ``--rounds`` rounds of ``--repeat`` calls, the contenders interleaved, so the
@@ -8,7 +10,7 @@ ratios hold on a busy machine. The images are synthetic, photograph-like
 adds the mean over the first images of a corpus from ``make_corpus.py``. Usage::
 
     python benchmarks/bench_kernels.py [--rounds 30] [--repeat 10] [--image photo.jpg ...]
-        [--corpus DIR [--corpus-images 500]]
+        [--corpus DIR [--corpus-images 500] [--corpus-boxes 2]]
 """
 
 import argparse
@@ -26,7 +28,7 @@ import simplejpeg
 
 from wdsmp.fast import _imgops_py
 from wdsmp.fast.imagedecode import decode_into
-from wdsmp.native import imgops_module, native_available
+from wdsmp.native import imgops_module, jpeg_region_available, native_available
 
 OUT = (224, 224)
 
@@ -127,6 +129,44 @@ def end_to_end_table(images, rounds, repeat):
         print(f"| {name} | {best['eval']:.0f} | {best['eval_full']:.0f} | {best['train']:.0f} | {best['pillow']:.0f} |")
 
 
+def region_table(rows):
+    """``decode_into`` to 224x224 decoding whole JPEGs vs only the region the crop needs.
+
+    ``rows`` is ``[(name, [jpeg bytes, ...], rounds, boxes), ...]``, one table row each.
+    Every image is decoded ``boxes`` times per round, train boxes drawn from seeds
+    ``0..boxes-1``, so both contenders crop the same boxes; eval repeats the centre
+    crop. "area" is the decoded region's share of the (DCT-scaled) image's pixels,
+    averaged over the calls.
+    """
+    out = np.empty(OUT + (3,), np.uint8)
+    print("| JPEGs | train, whole ms | train, region ms | saved | eval, whole ms | eval, region ms | saved "
+          "| area train / eval |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, images, rounds, boxes in rows:
+        def run(train, region, images=images, boxes=boxes):
+            def each():
+                for data in images:
+                    for seed in range(boxes):
+                        decode_into(data, out, train, random.Random(seed), region=region)
+            return each
+
+        best = best_us({(train, region): run(train, region) for train in (True, False) for region in (False, True)},
+                       rounds, 1)
+        calls = len(images) * boxes
+        cells, areas = [], []
+        for train in (True, False):
+            whole, part = best[train, False] / calls / 1000, best[train, True] / calls / 1000
+            cells += [f"{whole:.3f}", f"{part:.3f}", f"{1 - part / whole:.0%}"]
+            fractions = []
+            for data in images:
+                for seed in range(boxes):
+                    full = decode_into(data, out, train, random.Random(seed), region=False).decoded
+                    part = decode_into(data, out, train, random.Random(seed), region=True).decoded
+                    fractions.append(part[0] * part[1] / (full[0] * full[1]))
+            areas.append(f"{np.mean(fractions):.2f}")
+        print(f"| {name} | " + " | ".join(cells) + f" | {' / '.join(areas)} |")
+
+
 def corpus_images(directory, count):
     """The first ``count`` .jpg / .ppm members of a corpus's shards, as bytes."""
     images = []
@@ -168,6 +208,7 @@ def main(argv=None):
     parser.add_argument("--image", action="append", default=[], help="a real image file (repeatable)")
     parser.add_argument("--corpus", help="a make_corpus.py directory")
     parser.add_argument("--corpus-images", type=int, default=500)
+    parser.add_argument("--corpus-boxes", type=int, default=2, help="train boxes per corpus image, whole vs region")
     args = parser.parse_args(argv)
     if not native_available():
         raise SystemExit("the native core is not in use (not built, or WDSMP_PUREPYTHON=1)")
@@ -193,6 +234,15 @@ def main(argv=None):
         print("| images | train µs | eval µs | Pillow train µs | Pillow / train |")
         print("|---|---:|---:|---:|---:|")
         corpus_table(args.corpus, args.corpus_images, max(3, args.rounds // 10))
+    if not jpeg_region_available():
+        print("\n(the JPEG region decoder is not built: no whole vs region comparison)")
+        return
+    print("\n## decode_into, whole JPEG vs the crop's region only, per image\n")
+    rows = [(name, [data], args.rounds, args.repeat) for name, data in images]
+    if args.corpus:
+        jpegs = [data for data in corpus_images(args.corpus, args.corpus_images) if data[:3] == b"\xff\xd8\xff"]
+        rows.append((f"{len(jpegs)} of {args.corpus}", jpegs, max(3, args.rounds // 10), args.corpus_boxes))
+    region_table(rows)
 
 
 if __name__ == "__main__":

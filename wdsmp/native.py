@@ -3,6 +3,10 @@
 The choice is made per call, so ``WDSMP_PUREPYTHON`` can be flipped at run
 time and tests can run both. Falling back because an extension is not built
 is never silent: it warns once per process and extension.
+
+The JPEG region decoder is an optional extra, not part of the core: it needs
+libjpeg-turbo at build time, and without it FastLoader decodes whole JPEGs
+(:func:`jpeg_region_available` tells which).
 """
 
 import importlib
@@ -10,10 +14,25 @@ import warnings
 
 from . import _env, _tarsplit_py
 
-__all__ = ["imgops_module", "native_available", "tar_splitter_class"]
+__all__ = [
+    "imgops_module",
+    "jpeg_region_available",
+    "jpeg_region_module",
+    "native_available",
+    "tar_splitter_class",
+]
 
 # The compiled modules of the native core; each has a pure-Python twin.
 _EXTENSIONS = ("_tarsplit", "_imgops")
+
+_NOT_BUILT = {
+    # name -> what a missing build means, for the warning
+    "_jpegregion": "wdsmp's JPEG region decoder is not built ({exn}); FastLoader decodes whole JPEGs "
+                   "with simplejpeg instead, which is slower. Reinstall wdsmp where libjpeg-turbo 2.1+ "
+                   "and its headers are installed (e.g. libjpeg-turbo8-dev or libjpeg62-turbo-dev) to get it.",
+}
+_NOT_BUILT_CORE = ("wdsmp's native core is not built ({exn}); using the slower pure-Python twin. "
+                   "Reinstall wdsmp with a C compiler to get it.")
 
 _loaded = {}  # name -> the module, or None when it is not built (a build does not appear mid-run)
 
@@ -25,12 +44,7 @@ def _compiled(name):
             _loaded[name] = importlib.import_module(f"{__package__}.{name}")
         except ImportError as exn:
             _loaded[name] = None
-            warnings.warn(
-                f"wdsmp's native core is not built ({exn}); using the slower pure-Python "
-                "twin. Reinstall wdsmp with a C compiler to get it.",
-                RuntimeWarning,
-                stacklevel=3,
-            )
+            warnings.warn(_NOT_BUILT.get(name, _NOT_BUILT_CORE).format(exn=exn), RuntimeWarning, stacklevel=3)
     return _loaded[name]
 
 
@@ -58,3 +72,22 @@ def imgops_module():
     from .fast import _imgops_py
 
     return _imgops_py
+
+
+def jpeg_region_module():
+    """The JPEG region decoder (``decode_region``, src/ext/_jpegregion.pyx), or None.
+
+    None when ``WDSMP_PUREPYTHON=1`` or when it is not built (wdsmp was built
+    without libjpeg-turbo's headers: a one-time warning says so); FastLoader
+    then decodes whole JPEGs with simplejpeg. It has no pure-Python twin and is
+    not part of :func:`native_available`'s native core.
+    """
+    if _env.pure_python():
+        return None
+    return _compiled("_jpegregion")
+
+
+def jpeg_region_available():
+    """True when FastLoader decodes only the region of a JPEG that its crop needs
+    (:func:`jpeg_region_module` is not None)."""
+    return jpeg_region_module() is not None

@@ -4,6 +4,7 @@ import io
 import math
 import random
 import struct
+import sys
 import time
 import zlib
 
@@ -12,14 +13,18 @@ import PIL.Image
 import pytest
 import simplejpeg
 
+import wdsmp.native
 from wdsmp import DecodeError
 from wdsmp.fast.imagedecode import (
+    MAX_PIXELS,
+    MAX_SIDE,
     ImageInfo,
     center_crop_box,
     dct_scale,
     decode_into,
     random_resized_crop_box,
 )
+from wdsmp.native import jpeg_region_available, jpeg_region_module
 
 from .test_imgops import kernel, photo
 
@@ -59,6 +64,23 @@ def decode(data, size=(224, 224), train=False, rng=None, **kw):
 def diff(a, b):
     d = np.abs(a.astype(int) - b.astype(int))
     return d.mean(), d.max()
+
+
+@pytest.fixture(params=["region", "whole"])
+def region(request, impl):
+    """Run a JPEG test with the region decoder and with whole-image decoding; the first
+    only where the region decoder is in use (built, and the native core selected)."""
+    if request.param == "region" and not jpeg_region_available():
+        pytest.skip("the JPEG region decoder is not in use")
+    return request.param == "region"
+
+
+def check_decoded(info, whole, region):
+    """``info.decoded`` is the whole (scaled) image, or with the region decoder a smaller part of it."""
+    if region:
+        assert info.decoded[0] <= whole[0] and info.decoded[1] <= whole[1] and info.decoded != whole
+    else:
+        assert info.decoded == whole
 
 
 # Boxes.
@@ -152,20 +174,21 @@ def test_center_crop_box_stays_inside():
 
 
 @pytest.mark.parametrize("height, width", [(375, 500), (500, 375), (180, 200)])
-def test_eval_matches_torchvision_on_pillow(impl, height, width):
+def test_eval_matches_torchvision_on_pillow(impl, region, height, width):
     data = jpeg(height, width)
-    out, info = decode(data, dct_scaling=False)
-    assert info.kind == "jpeg" and not info.flipped and info.decoded == (height, width)
+    out, info = decode(data, dct_scaling=False, region=region)
+    assert info.kind == "jpeg" and not info.flipped
+    check_decoded(info, (height, width), region)
     ref = pil_eval_reference(PIL.Image.open(io.BytesIO(data)).convert("RGB"))
     mean, worst = diff(out, ref)
     assert mean < 0.3 and worst <= 1  # measured: mean 0.17, max 1
 
 
-def test_eval_dct_scaled_against_pillow(impl):
+def test_eval_dct_scaled_against_pillow(impl, region):
     """A large JPEG decoded at 1/4 scale: close to Pillow's full-size reference, not equal."""
     data = jpeg(1300, 1100)
-    out, info = decode(data)
-    assert info.decoded == (325, 275)  # the box is 962 pixels wide: 1/4 leaves 240 >= 224
+    out, info = decode(data, region=region)
+    check_decoded(info, (325, 275), region)  # the box is 962 pixels wide: 1/4 leaves 240 >= 224
     mean, worst = diff(out, pil_eval_reference(PIL.Image.open(io.BytesIO(data)).convert("RGB")))
     assert mean < 1.0 and worst <= 24  # measured: mean 0.50, max 11 (at hard edges)
 
@@ -174,8 +197,8 @@ def test_dct_scaled_close_to_full_decode(impl):
     data = jpeg(1000, 1200, seed=4)
     scaled_decodes = 0
     for seed in range(5):
-        full, a = decode(data, train=True, rng=random.Random(seed), dct_scaling=False)
-        scaled, b = decode(data, train=True, rng=random.Random(seed))
+        full, a = decode(data, train=True, rng=random.Random(seed), dct_scaling=False, region=False)
+        scaled, b = decode(data, train=True, rng=random.Random(seed), region=False)
         assert a.box == b.box and a.flipped == b.flipped
         assert b.decoded == tuple(-(-s * dct_scale(1000, 1200, *b.box[2:], 224, 224) // 8) for s in (1000, 1200))
         scaled_decodes += b.decoded != (1000, 1200)
@@ -272,6 +295,19 @@ def test_ppm(impl):
     out, info = decode(encode(pixels, "PPM"), (32, 32))
     assert info.kind == "ppm" and info.decoded == (70, 50)
     np.testing.assert_array_equal(out, raw_reference(pixels, (32, 32)))
+
+
+def test_decoded_arrays_and_pil_images_are_only_resized(impl):
+    pixels = photo(70, 50)
+    reference = raw_reference(pixels, (32, 32))
+    for value in (pixels, PIL.Image.fromarray(pixels)):
+        out, info = decode(value, (32, 32))
+        assert info.kind == "array" and info.decoded == (70, 50)
+        np.testing.assert_array_equal(out, reference)
+    out, info = decode(pixels[:, :, 0], (32, 32))
+    np.testing.assert_array_equal(out[:, :, 0], out[:, :, 2])
+    with pytest.raises(DecodeError, match="must be a uint8 HxWx3, HxWx1 or HxW array, not ndarray float32"):
+        decode(pixels.astype(np.float32), (32, 32))
 
 
 def test_ppm_with_comments_and_pgm(impl):
@@ -383,6 +419,255 @@ def test_bad_arguments(out, kw, match):
 
 
 def test_image_info():
-    out, info = decode(jpeg(40, 50), (16, 16))
+    out, info = decode(jpeg(40, 50), (16, 16), region=False)
     assert isinstance(info, ImageInfo)
     assert info._replace(box=None) == ImageInfo(40, 50, None, False, (20, 25), "jpeg")  # at 1/2 scale
+
+
+# The JPEG region decoder (NOTE [jpeg regions]).
+
+
+LIMITS = {"max_side": MAX_SIDE, "max_pixels": MAX_PIXELS}
+
+
+@pytest.fixture
+def jpegregion():
+    """The region decoder module; the test is skipped where it is not in use."""
+    module = jpeg_region_module()
+    if module is None:
+        pytest.skip("the JPEG region decoder is not in use (not built, or WDSMP_PUREPYTHON=1)")
+    return module
+
+
+class Scripted:
+    """An rng whose ``random()`` returns the given values in turn: the box draw is
+    (area fraction, log aspect, y0, x0), then the flip."""
+
+    def __init__(self, *values):
+        self.values = iter(values)
+
+    def random(self):
+        return next(self.values)
+
+
+def whole_scaled(data, n):
+    """simplejpeg's decode at scale n/8: the pixels the region decoder must agree with."""
+    height, width = simplejpeg.decode_jpeg_header(data)[:2]
+    scaled = {} if n == 8 else {"min_height": -(-height * n // 8), "min_width": -(-width * n // 8)}
+    return simplejpeg.decode_jpeg(data, "RGB", **scaled)
+
+
+def assert_region_matches(data, n, top, left, height, width, module):
+    """decode_region's array is where it says it is in the scaled image, covers the request, and
+    equals a whole decode, but for the first and last column of a cropped row (fancy upsampling
+    of 4:2:x chroma; libjpeg-turbo drops it altogether for rows cropped to one or two columns,
+    which decode_into never asks for)."""
+    whole = whole_scaled(data, n)
+    pixels, top2, left2 = module.decode_region(data, n, top, left, height, width, **LIMITS)
+    assert pixels.dtype == np.uint8 and pixels.shape[2] == 3 and pixels.flags.c_contiguous
+    assert top2 == top and pixels.shape[0] == height
+    assert left2 <= left and left2 + pixels.shape[1] >= left + width and left2 + pixels.shape[1] <= whole.shape[1]
+    assert left2 % n == 0  # an iMCU boundary: n or 2n pixels at scale n/8
+    want = whole[top:top + height, left2:left2 + pixels.shape[1]]
+    cropped_right = left2 + pixels.shape[1] < whole.shape[1]
+    if pixels.shape[1] > 2 or not (left2 > 0 or cropped_right):
+        inner = slice(1 if left2 > 0 else 0, -1 if cropped_right else None)
+        np.testing.assert_array_equal(pixels[:, inner], want[:, inner])
+    assert diff(pixels, want)[1] <= 40  # the edge columns: chroma averaged differently, not garbage
+    return pixels, top2, left2
+
+
+ENCODINGS = {"444": {"subsampling": 0}, "422": {"subsampling": 1}, "420": {"subsampling": 2},
+             "gray": {"mode": "L"}, "progressive": {"progressive": True}}
+
+
+@pytest.mark.parametrize("kind", list(ENCODINGS))
+@pytest.mark.parametrize("height, width", [(120, 161), (97, 33), (16, 16), (1, 75), (75, 1), (9, 17)])
+def test_region_decoder_against_whole_decode(jpegregion, kind, height, width):
+    data = jpeg(height, width, quality=90, seed=height, **ENCODINGS[kind])
+    rng = random.Random(height * width)
+    for n in (1, 2, 4, 8):
+        sh, sw = -(-height * n // 8), -(-width * n // 8)
+        regions = [(0, 0, sh, sw), (0, 0, 1, 1), (sh - 1, sw - 1, 1, 1), (0, sw - 1, sh, 1), (sh - 1, 0, 1, sw)]
+        for _ in range(8):
+            top, left = rng.randrange(sh), rng.randrange(sw)
+            regions.append((top, left, rng.randint(1, sh - top), rng.randint(1, sw - left)))
+        for where in regions:
+            assert_region_matches(data, n, *where, jpegregion)
+
+
+def test_region_decoder_on_photographs(jpegregion):
+    """scikit-image's photographs, 4:4:4 and 4:2:0 (odd widths), q90 and q95, grayscale too."""
+    skimage_data = pytest.importorskip("skimage.data")
+    rng = random.Random(7)
+    for name in ("chelsea", "coffee"):
+        pixels = getattr(skimage_data, name)()
+        pixels = np.ascontiguousarray(pixels[:, :pixels.shape[1] - 1 + pixels.shape[1] % 2])  # 451, 599 wide
+        for colorspace, sub, source in [("RGB", "444", pixels), ("RGB", "420", pixels),
+                                        ("GRAY", "Gray", pixels[:, :, 1:2].copy())]:
+            for quality in (90, 95):
+                data = simplejpeg.encode_jpeg(source, quality, colorspace, sub)
+                for n in (2, 8):
+                    sh, sw = -(-source.shape[0] * n // 8), -(-source.shape[1] * n // 8)
+                    top, left = rng.randrange(sh // 2), rng.randrange(sw // 2)
+                    assert_region_matches(data, n, top, left, sh // 2, sw // 2, jpegregion)
+
+
+def decode_both(data, size, train, seed, **kw):
+    a, ia = decode(data, size, train=train, rng=random.Random(seed), region=True, **kw)
+    b, ib = decode(data, size, train=train, rng=random.Random(seed), region=False, **kw)
+    assert (ia.height, ia.width, ia.box, ia.flipped, ia.kind) == (ib.height, ib.width, ib.box, ib.flipped, ib.kind)
+    return a, ia, b, ib
+
+
+@pytest.mark.parametrize("kind", list(ENCODINGS))
+@pytest.mark.parametrize("height, width", [(375, 500), (333, 501), (1001, 777), (40, 50), (230, 9)])
+def test_decode_into_region_matches_whole(jpegregion, kind, height, width):
+    """decode_into with and without the region decoder, train and eval, DCT-scaled or not."""
+    data = jpeg(height, width, seed=width, **ENCODINGS[kind])
+    worst_mean = worst = 0
+    for dct_scaling in (True, False):
+        for seed in range(6):
+            a, ia, b, ib = decode_both(data, (224, 224), seed > 0, seed, dct_scaling=dct_scaling)
+            assert ia.kind == "jpeg"
+            assert ia.decoded[0] <= ib.decoded[0] and ia.decoded[1] <= ib.decoded[1]
+            mean, most = diff(a, b)
+            worst_mean, worst = max(worst_mean, mean), max(worst, most)
+    assert worst_mean < 0.01 and worst <= 2  # measured: identical
+
+
+@pytest.mark.parametrize("draws", [
+    (0.95, 0.99999, 0.0, 0.0),  # 294x392 box at the top left
+    (0.1, 0.5, 0.0, 0.0),  # small square box in the top-left corner
+    (0.1, 0.5, 0.99999, 0.99999),  # the same in the bottom-right corner
+    (0.1, 0.0, 0.99999, 0.0),  # tall box on the left edge, at the bottom
+    (0.1, 0.99999, 0.0, 0.99999),  # wide box on the right edge, at the top
+    (0.99999, 0.5) * 10,  # no try fits: the fallback, 301x401, top to bottom
+], ids=["top-left-large", "top-left", "bottom-right", "left", "right", "fallback"])
+@pytest.mark.parametrize("kind", ["444", "420", "gray"])
+def test_region_boxes_touching_the_edges(jpegregion, draws, kind):
+    data = jpeg(301, 403, seed=3, **ENCODINGS[kind])
+    for size in ((224, 224), (32, 48)):
+        a, ia = decode(data, size, train=True, rng=Scripted(*draws, 0.9), region=True)
+        b, ib = decode(data, size, train=True, rng=Scripted(*draws, 0.9), region=False)
+        assert ia.box == ib.box and ia.decoded[0] <= ib.decoded[0] and ia.decoded[1] <= ib.decoded[1]
+        y0, x0, h, w = ia.box
+        assert y0 == 0 or x0 == 0 or y0 + h == 301 or x0 + w == 403
+        mean, worst = diff(a, b)
+        assert mean < 0.01 and worst <= 2  # measured: identical
+
+
+def test_region_decoded_size(jpegregion):
+    """``decoded`` is the region: the box at the DCT scale, widened by the filter's support and
+    a pixel on each side, and on the left to an iMCU boundary (2n pixels for 4:2:0 at n/8)."""
+    data = jpeg(600, 800)
+    for draws, n in [((0.2, 0.5, 0.5, 0.5), 4), ((0.8, 0.99999, 0.1, 0.9), 2), ((0.0, 0.5, 0.3, 0.2), 8)]:
+        out, info = decode(data, (100, 100), train=True, rng=Scripted(*draws, 0.9))
+        y0, x0, h, w = info.box
+        assert dct_scale(600, 800, h, w, 100, 100) == n
+        h, w = h * n / 8, w * n / 8
+        assert h + 2 < info.decoded[0] <= h + 2 * (max(h / 100, 1) + 2) + 1
+        assert w + 2 < info.decoded[1] <= w + 2 * (max(w / 100, 1) + 2) + 1 + 2 * n
+
+
+def test_region_progressive_and_gray_photos(jpegregion):
+    """Progressive JPEGs (the whole scan is entropy-decoded first) and grayscale ones come out
+    of the region decoder as RGB, equal to the whole decode."""
+    for kw in ({"progressive": True}, {"progressive": True, "mode": "L"}, {"mode": "L"}):
+        data = jpeg(257, 311, **kw)
+        a, ia, b, ib = decode_both(data, (64, 64), True, 1)
+        np.testing.assert_array_equal(a, b)
+        if "mode" in kw:
+            assert (a[:, :, 0] == a[:, :, 1]).all() and (a[:, :, 0] == a[:, :, 2]).all()
+
+
+def test_region_decoder_damaged_data(jpegregion):
+    data = jpeg(200, 160)
+    with pytest.raises(ValueError, match="Premature end of JPEG file|Corrupt JPEG data"):
+        jpegregion.decode_region(data[:len(data) // 2], 8, 150, 0, 50, 160, **LIMITS)
+    with pytest.raises(ValueError, match="Not a JPEG file|JPEG"):
+        jpegregion.decode_region(b"\xff\xd8\xff" + bytes(100), 8, 0, 0, 1, 1, **LIMITS)
+    with pytest.raises(ValueError, match="empty"):
+        jpegregion.decode_region(b"", 8, 0, 0, 1, 1, **LIMITS)
+    # The rows below the region are never read: a file cut short there still decodes them.
+    pixels, _, _ = jpegregion.decode_region(data[:len(data) // 2], 8, 0, 0, 20, 160, **LIMITS)
+    np.testing.assert_array_equal(pixels, simplejpeg.decode_jpeg(data)[:20])
+
+
+@pytest.mark.parametrize("cut", [10, 400, 3000])
+def test_cut_short_jpeg_is_a_decode_error(impl, region, cut):
+    """Wherever a JPEG is cut, and whatever the crop: a file without its end-of-image marker
+    takes the whole-image path (NOTE [jpeg regions]), which refuses it, as Pillow does."""
+    data = jpeg(120, 100)
+    for seed in range(3):
+        with pytest.raises(DecodeError, match="cannot decode.*member 'k.jpg'"):
+            decode_into(data[:-cut], np.zeros((32, 32, 3), np.uint8), seed > 0, random.Random(seed),
+                        region=region, member="k.jpg")
+
+
+def test_data_after_the_end_marker(impl, region):
+    """Bytes after the end-of-image marker (some cameras append data): decoded whole, as before."""
+    data = jpeg(120, 100)
+    out, info = decode(data + b"\0" * 10 + b"trailer", (32, 32), region=region)
+    assert info.kind == "jpeg" and info.decoded == (60, 50)
+    np.testing.assert_array_equal(out, decode(data, (32, 32), region=False)[0])
+
+
+def test_region_decoder_refusals(jpegregion):
+    data = jpeg(40, 30)
+    for n, top, left, height, width, match in [
+        (8, 0, 0, 41, 30, "not inside the 40x30 image decoded at 8/8"),
+        (4, 0, 0, 20, 16, "not inside the 20x15 image decoded at 4/8"),
+        (8, 39, 29, 1, 2, "not inside"),
+        (8, -1, 0, 1, 1, "empty or negative"),
+        (8, 0, 0, 0, 1, "empty or negative"),
+        (0, 0, 0, 1, 1, "scale_num 0"),
+        (9, 0, 0, 1, 1, "scale_num 9"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            jpegregion.decode_region(data, n, top, left, height, width, **LIMITS)
+    with pytest.raises(ValueError, match="CMYK or YCCK"):
+        jpegregion.decode_region(jpeg(40, 30, mode="CMYK"), 8, 0, 0, 1, 1, **LIMITS)
+
+
+@pytest.mark.parametrize("height, width, limits, match", [
+    (60000, 60000, LIMITS, "60000x60000 pixels, outside the limits"),
+    (20000, 20000, LIMITS, "20000x20000 pixels, outside the limits"),  # 4e8 pixels > 2**28
+    (16, 40, {"max_side": 32, "max_pixels": 10 ** 6}, "40x16 pixels, outside the limits .sides 1 to 32"),
+    (16, 16, {"max_side": 32, "max_pixels": 255}, "at most 255 pixels"),
+])
+def test_region_decoder_refuses_large_headers(jpegregion, height, width, limits, match):
+    data = patched_sof(jpeg(16, 16), height, width)
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=match):
+        jpegregion.decode_region(data, 8, 0, 0, 1, 1, **limits)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_region_refusal_falls_back_to_whole_decode(jpegregion, monkeypatch):
+    """Whatever the region decoder refuses goes the whole-image way, never wrong or lost."""
+    data = jpeg(150, 130)
+    want, _ = decode(data, (64, 64), region=False)
+
+    class Refusing:
+        @staticmethod
+        def decode_region(*args, **kw):
+            raise ValueError("refused")
+
+    monkeypatch.setattr(wdsmp.native, "jpeg_region_module", lambda: Refusing)
+    out, info = decode(data, (64, 64))
+    assert info.kind == "jpeg" and info.decoded == (150, 130)
+    np.testing.assert_array_equal(out, want)
+
+
+def test_region_decoder_selection(monkeypatch):
+    monkeypatch.setenv("WDSMP_PUREPYTHON", "1")
+    assert jpeg_region_module() is None and not jpeg_region_available()
+    monkeypatch.delenv("WDSMP_PUREPYTHON")
+    monkeypatch.setitem(sys.modules, "wdsmp._jpegregion", None)  # import fails as if never built
+    monkeypatch.setattr(wdsmp.native, "_loaded", {})
+    with pytest.warns(RuntimeWarning, match="JPEG region decoder is not built.*decodes whole JPEGs"):
+        assert jpeg_region_module() is None
+    assert not jpeg_region_available()
+    out, info = decode(jpeg(40, 50), (16, 16))  # whole images, as before
+    assert info.decoded == (20, 25)

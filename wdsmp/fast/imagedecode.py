@@ -4,10 +4,30 @@ FastLoader's decode step (DESIGN.md §3, step 4). The crop box is chosen in
 the source's full-resolution pixels from the header alone; a JPEG is then
 decoded by libjpeg-turbo at the smallest DCT scale (1/8, 1/4 or 1/2) that
 still leaves the box at least as large as the output (less IDCT, colour
-conversion and memory; the entropy decoding stays), and the native kernel resizes (antialiased), crops and flips
-the box into ``out`` in one pass. Raw pixels (binary ``.ppm``, ``.npy``) skip
-decoding altogether, FFCV's recipe for speed. Everything else goes through
-Pillow: slower, not an error.
+conversion and memory; the entropy decoding stays), and only the region of
+it that the crop reads (NOTE [jpeg regions]); the native kernel then resizes
+(antialiased), crops and flips the box into ``out`` in one pass. Raw pixels
+(binary ``.ppm``, ``.npy``) skip decoding altogether, FFCV's recipe for speed.
+Everything else goes through Pillow: slower, not an error.
+
+NOTE [jpeg regions]: with the region decoder built (``wdsmp._jpegregion``,
+see :func:`wdsmp.native.jpeg_region_available`), a JPEG is decoded only over
+the rows and columns that the resize kernel's taps read for the box (the box
+widened by the filter's support, ``max(1, box / out)`` pixels, on each side),
+plus one pixel on each side: libjpeg-turbo's fancy upsampling of 4:2:x chroma
+treats a cropped row's first and last column as image edges, so those two
+columns may differ from a whole decode and must stay out of the kernel's
+reach. Inside that margin the pixels are a whole decode's; the kernel's taps
+are the same up to rounding of the box's offset, so the output matches a
+whole decode's to within a unit or so in rare pixels (measured: identical).
+The region is never narrower than three columns unless it is the whole row,
+so libjpeg-turbo keeps fancy upsampling (it drops it for rows cropped to one
+chroma sample). Rows below the region are never read, so damage there would
+go unnoticed: a file that does not end with the end-of-image marker (one cut
+short, the common damage) is decoded whole, so that it is refused whatever
+the crop; whatever the region decoder refuses (libjpeg-turbo's warnings
+included) takes the whole-image path too (simplejpeg, then Pillow), so no
+image decodes worse than without it.
 
 The boxes follow torchvision: :func:`random_resized_crop_box` is
 ``RandomResizedCrop``'s parameter draw, :func:`center_crop_box` is
@@ -41,6 +61,7 @@ MAX_SIDE = 32768
 MAX_PIXELS = 1 << 28
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
+_JPEG_END = b"\xff\xd9"  # the end-of-image marker
 _NPY_MAGIC = b"\x93NUMPY"
 _PNM_NUMBER = re.compile(rb"(?:\s|#[^\n]*\n)+(\d+)")
 
@@ -52,8 +73,10 @@ class ImageInfo(NamedTuple):
     width: int
     box: Tuple[float, float, float, float]  # (y0, x0, h, w) in source pixels
     flipped: bool
-    decoded: Tuple[int, int]  # the size actually decoded: smaller than the source after DCT scaling
-    kind: str  # "jpeg", "ppm", "npy" or "pil"
+    # The size of the pixel array decoded: the source's, the DCT-scaled image's, or for a JPEG
+    # through the region decoder only the region of the DCT-scaled image the crop reads.
+    decoded: Tuple[int, int]
+    kind: str  # "jpeg", "ppm", "npy", "pil" or "array"
 
 
 def _check_range(name, pair):
@@ -226,12 +249,13 @@ def _pil_pixels(data):
         return np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
 
 
-def _jpeg_pixels(data, box_of, out_size, dct_scaling):
+def _jpeg_pixels(data, box_of, out_size, dct_scaling, region):
     """``(pixels, height, width, box, box in pixels, kind)`` of a JPEG, decoded at a DCT
-    scale that covers the box; None for what libjpeg-turbo cannot read or would convert
-    differently (CMYK). What it refuses after the header goes to Pillow, as in autodecode:
-    Pillow reads some damaged files (extraneous bytes, bad markers) that strict
-    libjpeg-turbo does not, and the reference path decodes them."""
+    scale that covers the box, only the region the crop needs when ``region`` and the
+    region decoder is built (NOTE [jpeg regions]); None for what libjpeg-turbo cannot
+    read or would convert differently (CMYK). What it refuses after the header goes to
+    Pillow, as in autodecode: Pillow reads some damaged files (extraneous bytes, bad
+    markers) that strict libjpeg-turbo does not, and the reference path decodes them."""
     import simplejpeg
 
     try:
@@ -243,21 +267,44 @@ def _jpeg_pixels(data, box_of, out_size, dct_scaling):
     _check_size(height, width, "the JPEG image")
     box = box_of(height, width)
     n = dct_scale(height, width, box[2], box[3], *out_size) if dct_scaling else 8
+    # libjpeg-turbo makes each side ceil(side n / 8) pixels.
+    scaled_h, scaled_w = -(-height * n // 8), -(-width * n // 8)
+    y0, x0, h, w = (v * n / 8 for v in box)  # the box in the scaled image's pixels
+    inside = (y0, x0, min(h, scaled_h - y0), min(w, scaled_w - x0))
+    # Without its end-of-image marker a file may be cut short: decoded whole, it is refused
+    # whatever the crop, not only when the cut falls above the crop's last row.
+    decoder = native.jpeg_region_module() if region and bytes(data[-2:]) == _JPEG_END else None
+    if decoder is not None:
+        top, bottom = _region_span(y0, inside[2], out_size[0], scaled_h)
+        left, right = _region_span(x0, inside[3], out_size[1], scaled_w)
+        try:
+            pixels, top, left = decoder.decode_region(data, n, top, left, bottom - top, right - left,
+                                                      max_side=MAX_SIDE, max_pixels=MAX_PIXELS)
+        except ValueError:
+            pass  # damaged or unusual: the whole-image path below decides
+        else:
+            y, x = y0 - top, x0 - left
+            return pixels, height, width, box, (y, x, min(inside[2], pixels.shape[0] - y),
+                                                min(inside[3], pixels.shape[1] - x)), "jpeg"
     # ceil(side n / 8): simplejpeg then picks exactly n/8 (see dct_scale).
-    scaled = {} if n == 8 else {"min_height": -(-height * n // 8), "min_width": -(-width * n // 8)}
+    scaled = {} if n == 8 else {"min_height": scaled_h, "min_width": scaled_w}
     try:
         pixels = simplejpeg.decode_jpeg(data, "RGB", **scaled)
     except ValueError:
         return _pil_pixels(data), height, width, box, box, "pil"
-    if n == 8:
-        return pixels, height, width, box, box, "jpeg"
-    y0, x0, h, w = (v * n / 8 for v in box)  # the box in the scaled image's pixels
-    inside = (y0, x0, min(h, pixels.shape[0] - y0), min(w, pixels.shape[1] - x0))
-    return pixels, height, width, box, inside, "jpeg"
+    return pixels, height, width, box, box if n == 8 else inside, "jpeg"
+
+
+def _region_span(start, length, out, size):
+    """``[lo, hi)``: the rows (or columns) of a ``size``-pixel axis that the resize kernel
+    reads to make ``out`` pixels of ``[start, start + length)``, plus one on each side
+    (NOTE [jpeg regions])."""
+    support = max(length / out, 1.0)  # the triangle filter's half-width (NOTE [resize arithmetic])
+    return max(0, math.floor(start - support) - 1), min(size, math.ceil(start + length + support) + 1)
 
 
 def decode_into(data, out, train, rng, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5,
-                resize_ratio=0.875, dct_scaling=True, url=None, member=None):
+                resize_ratio=0.875, dct_scaling=True, region=True, url=None, member=None):
     """Decode one image's bytes into ``out`` (an HxWx3 uint8 C-contiguous array,
     e.g. a slot row) and return an :class:`ImageInfo`.
 
@@ -266,13 +313,17 @@ def decode_into(data, out, train, rng, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3
     a numpy ``Generator``). Otherwise the :func:`center_crop_box` box
     (``resize_ratio``), never mirrored; ``rng`` may be None. ``dct_scaling=False``
     decodes JPEGs at full size (slower, pixels closer to a Pillow reference).
+    ``region=False`` decodes whole JPEGs even when the region decoder is built
+    (slower, the same pixels within a unit or so: NOTE [jpeg regions]).
 
     The format is sniffed from the bytes: JPEG (libjpeg-turbo, grayscale
     expanded to RGB by it; CMYK/YCCK through Pillow, whose conversion the rest
     of wdsmp uses too), binary 8-bit PPM/PGM and ``.npy`` uint8 arrays (no
     decoding), anything else through Pillow. Headers that claim more than
     ``MAX_SIDE`` per side or ``MAX_PIXELS`` in all are refused before any pixel
-    is allocated. Failures raise :class:`wdsmp.DecodeError` naming ``url`` and
+    is allocated. ``data`` may also be pixels a stage decoded already (a uint8
+    HxWx3, HxWx1 or HxW array, or a PIL image): they are only cropped and
+    resized. Failures raise :class:`wdsmp.DecodeError` naming ``url`` and
     ``member``, the cause chained.
     """
     if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
@@ -294,9 +345,11 @@ def decode_into(data, out, train, rng, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3
         return center_crop_box(height, width, out_size, resize_ratio)
 
     try:
-        decoded = _jpeg_pixels(data, box_of, out_size, dct_scaling) if bytes(data[:3]) == _JPEG_MAGIC else None
+        encoded = isinstance(data, (bytes, bytearray, memoryview))
+        is_jpeg = encoded and bytes(data[:3]) == _JPEG_MAGIC
+        decoded = _jpeg_pixels(data, box_of, out_size, dct_scaling, region) if is_jpeg else None
         if decoded is None:
-            pixels, kind = _raw_pixels(data)
+            pixels, kind = _raw_pixels(data) if encoded else (_array_pixels(data), "array")
             height, width = pixels.shape[:2]
             box = scaled = box_of(height, width)
         else:
@@ -321,6 +374,17 @@ def _raw_pixels(data):
     if pixels is None:
         pixels, kind = _pil_pixels(data), "pil"
     return pixels, kind
+
+
+def _array_pixels(value):
+    """HxWxC pixels of an already decoded image: a uint8 array (HxWx3, HxWx1 or HxW) or
+    anything ``numpy.asarray`` makes one of (a PIL image)."""
+    pixels = np.asarray(value)
+    if pixels.dtype != np.uint8 or pixels.ndim not in (2, 3) or (pixels.ndim == 3 and pixels.shape[2] not in (1, 3)):
+        raise _Refused(f"a decoded image must be a uint8 HxWx3, HxWx1 or HxW array, not "
+                       f"{type(value).__name__} {pixels.dtype} {pixels.shape}")
+    _check_size(pixels.shape[0], pixels.shape[1], "the array image")
+    return np.ascontiguousarray(pixels if pixels.ndim == 3 else pixels[:, :, None])
 
 
 def _resize(pixels, box, out, flipped):
