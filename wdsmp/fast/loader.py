@@ -198,7 +198,10 @@ class FastLoader:
     iterator -> iterator functions (``wdsmp.select(...)``, ``wdsmp.map(...)``) run on the
     sample dicts in the workers before decoding, the escape hatch for arbitrary Python.
     Functions must pickle: define them at module level (workers are started by a fork
-    server, as with DataLoader under ``spawn``).
+    server, as with DataLoader under ``spawn``). The first loader of a process starts the
+    fork server, which imports torch once (about a second, overlapping the caller's work
+    from construction on); ``start_method="fork"`` starts workers faster from a process
+    without threads or locks that matter.
 
     Order: ``seed`` and the epoch fix the shard order (``shuffle``), each worker's
     ``shuffle_buffer`` and every crop; each ``iter()`` runs epoch ``epoch`` and then counts
@@ -266,13 +269,14 @@ class FastLoader:
                                float(resize_ratio), bool(dct_scaling))
         image_keys = _extensions(image_keys, "image_keys")
         self._start_method = start_method
-        _pool.context(start_method)  # a bad start method fails here, not at the first batch
+        mp_context = _pool.context(start_method)  # a bad start method fails here, not at the first batch
         self.plan(0)  # bad plan arguments (rank, policy, too few samples) fail here too
         cleanup_stale(DEFAULT_PREFIX)
         self._ring = Ring.create(layout, self.num_workers * self.prefetch)  # last: nothing after it fails
         self._config = WorkerConfig(
             ring=self._ring.name, layout=layout, image_keys=image_keys, label=label, fields=extra, keys=bool(keys),
             stages=stages, handler=handler, decode=decode, shuffle_buffer=buffer)
+        _pool.start_server(mp_context)
         self._state = _State(self._ring)
         self._finalizer = weakref.finalize(self, self._state.close)
         self.epoch = 0

@@ -12,7 +12,7 @@ import multiprocessing
 import signal
 import time
 
-__all__ = ["START_METHODS", "WorkerPool", "context", "describe_exit"]
+__all__ = ["START_METHODS", "WorkerPool", "context", "describe_exit", "start_server"]
 
 START_METHODS = ("forkserver", "spawn", "fork")
 _PRELOAD = "wdsmp.fast.worker"
@@ -36,6 +36,16 @@ def context(start_method):
         if _PRELOAD not in preload:
             ctx.set_forkserver_preload(preload + [_PRELOAD])
     return ctx
+
+
+def start_server(ctx):
+    """Start the fork server of ``ctx`` now, if it uses one, without waiting for it: it imports
+    wdsmp and torch once (about a second), which then overlaps whatever the caller does
+    before the first workers are needed."""
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        forkserver.ensure_running()
 
 
 def describe_exit(exitcode):
