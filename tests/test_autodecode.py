@@ -3,14 +3,19 @@ own writer, the unsafe-decoder policy, errors that name where, and webdataset's 
 
 import gzip
 import io
+import json
 import pickle
+import re
+import struct
+import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
 import simplejpeg
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 import wdsmp as wds
 import wdsmp.autodecode as ad
@@ -354,6 +359,66 @@ def test_errors_name_shard_key_and_field_and_chain_the_cause():
 def test_a_broken_image_names_its_field():
     with pytest.raises(DecodingError, match=r"cannot decode: UnidentifiedImageError.*member 'k\.jpg'"):
         Decoder(["rgb"])({"__key__": "k", "__url__": "s.tar", "jpg": b"\xff\xd8\xff garbage"})
+
+
+@pytest.mark.parametrize("data", [bytes(1000), b"\xff\xd8\xff" + bytes(997)], ids=["zeros", "jpeg-magic-then-zeros"])
+def test_a_zeroed_jpeg_names_its_field(data):
+    sample = {"__key__": "k", "jpg": data}
+    where = r"cannot decode: UnidentifiedImageError: .*\(shard <stream>, member 'k\.jpg'\)$"
+    with pytest.raises(DecodingError, match=where) as info:
+        Decoder(["rgb"])(sample)
+    assert (info.value.url, info.value.key, info.value.k) == (None, "k", "jpg")
+    assert isinstance(info.value.__cause__, UnidentifiedImageError)
+    with pytest.raises(DecodingError, match=where):  # the same through the pipeline stage
+        list(wds.decode("rgb")([sample]))
+
+
+def jpeg_claiming(height, width):
+    """A small real JPEG whose baseline frame header (SOF0) claims another size."""
+    data = encode(pixels(3), "JPEG", quality=90)
+    at = data.index(b"\xff\xc0")
+    return data[:at + 5] + struct.pack(">HH", height, width) + data[at + 9:]
+
+
+# Decodes the JPEG on stdin with wds.decode(spec), allowed at most 1 GiB of address space more
+# than the interpreter has once its imports are done, and reports what was raised as JSON.
+_DECODE_UNDER_A_MEMORY_CAP = textwrap.dedent("""
+    import json, resource, sys, time
+    import numpy, PIL.Image, simplejpeg
+    import wdsmp
+    data = sys.stdin.buffer.read()
+    with open("/proc/self/statm") as statm:
+        mapped = int(statm.read().split()[0]) * resource.getpagesize()
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    cap = mapped + (1 << 30)
+    resource.setrlimit(resource.RLIMIT_AS, (cap if hard == resource.RLIM_INFINITY else min(cap, hard), hard))
+    start = time.perf_counter()
+    try:
+        list(wdsmp.decode(sys.argv[1])([{"__key__": "k", "jpg": data}]))
+        error, causes = None, []
+    except Exception as exn:
+        error, causes, cause = exn, [], exn.__cause__
+        while cause is not None:
+            causes.append(type(cause).__name__)
+            cause = cause.__cause__
+    print(json.dumps({"seconds": time.perf_counter() - start, "causes": causes,
+                      "error": None if error is None else [type(error).__name__, str(error)]}))
+""")
+
+
+@pytest.mark.parametrize("spec", ["rgb", "pil"])
+def test_an_oversized_jpeg_header_is_refused_before_allocating(spec):
+    """A header claiming 60000x60000 (10 GiB of RGB) is a DecodeError at once; the decoder runs
+    in a child allowed only 1 GiB more, so an attempt to allocate the image is a MemoryError."""
+    child = subprocess.run([sys.executable, "-c", _DECODE_UNDER_A_MEMORY_CAP, spec], input=jpeg_claiming(60000, 60000),
+                           capture_output=True, timeout=60)
+    assert child.returncode == 0, child.stderr.decode(errors="replace")
+    report = json.loads(child.stdout)
+    assert report["error"] is not None, "the oversized image was decoded"
+    name, message = report["error"]
+    assert name == "DecodingError" and "MemoryError" not in report["causes"], message
+    assert re.search(r"the JPEG image is 60000x60000 pixels, outside the limits .*member 'k\.jpg'", message), message
+    assert report["seconds"] < 1.0
 
 
 def test_non_bytes_fields_are_errors_unless_partial():

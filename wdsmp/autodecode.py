@@ -303,8 +303,18 @@ def _jpeg_pixels(data, mode):
         return None
     import simplejpeg
 
+    from .fast.imagedecode import MAX_PIXELS, MAX_SIDE
+
     try:
-        if simplejpeg.decode_jpeg_header(data)[2] in ("CMYK", "YCCK"):
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except ValueError:
+        return None
+    if max(height, width) > MAX_SIDE or height * width > MAX_PIXELS:
+        # A few bytes can claim gigabytes of pixels: refuse before anything is allocated.
+        raise ValueError(f"the JPEG image is {width}x{height} pixels, outside the limits (sides up to "
+                         f"{MAX_SIDE}, at most {MAX_PIXELS} pixels); refusing to decode it")
+    try:
+        if colorspace in ("CMYK", "YCCK"):
             return None
         pixels = simplejpeg.decode_jpeg(data, colorspace=_JPEG_COLORSPACES[mode])
     except ValueError:
