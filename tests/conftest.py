@@ -1,8 +1,13 @@
-"""Fixtures shared by the suite: both implementations of the native core, tar builders."""
+"""Fixtures shared by the suite: both implementations of the native core, tar builders, and the
+leak checks: no test may leave a wdsmp shared-memory segment, and the session must end without
+stray child processes or open files."""
 
+import gc
 import io
+import os
 import tarfile
 
+import psutil
 import pytest
 
 import wdsmp.native
@@ -38,3 +43,60 @@ def tar_bytes(members, format=tarfile.GNU_FORMAT, extra=None):
 def write_tar(path, members, **kw):
     path.write_bytes(tar_bytes(members, **kw))
     return str(path)
+
+
+def _segments():
+    return {name for name in os.listdir("/dev/shm") if name.startswith("wdsmp-")} if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_segments():
+    """Every test leaves /dev/shm as it found it (NOTE [ring ownership])."""
+    before = _segments()
+    yield
+    leaked = _segments() - before
+    if leaked:
+        gc.collect()  # a loader only dropped, not closed, is closed by its finalizer
+        leaked = _segments() - before
+    assert not leaked, f"the test left shared-memory segments behind: {sorted(leaked)}"
+
+
+# multiprocessing's own helpers live as long as the interpreter: not leaks.
+_INFRASTRUCTURE = ("multiprocessing.forkserver", "multiprocessing.resource_tracker")
+
+
+def _open_files():
+    """{fd: path} of this process's descriptors that are files (pipes and sockets belong to
+    servers and multiprocessing's helpers)."""
+    files = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("/") and not target.startswith(("/dev/null", "/dev/pts", "/dev/tty", "/proc/")):
+            files[int(fd)] = target
+    return files
+
+
+def pytest_sessionstart(session):
+    session.config._wdsmp_files = _open_files()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run on child processes or open files left behind by the suite."""
+    gc.collect()
+    stray = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE or any(h in " ".join(child.cmdline()) for h in _INFRASTRUCTURE):
+                continue
+            stray.append(f"pid {child.pid}: {' '.join(child.cmdline())[:200]}")
+        except psutil.NoSuchProcess:
+            continue
+    before = session.config._wdsmp_files
+    files = sorted(f"{path} (fd {fd})" for fd, path in _open_files().items() if before.get(fd) != path)
+    if stray or files:
+        print("\nleak check: the suite left " + "; ".join(
+            [f"child processes: {', '.join(stray)}"] * bool(stray) + [f"open files: {', '.join(files)}"] * bool(files)))
+        session.exitstatus = 1

@@ -4,6 +4,7 @@ import io
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -295,6 +296,31 @@ def test_s3_gives_up(s3_on_http_server):
             read_all(stream)
     assert info.value.url == "s3://bucket/f.bin"
 
+
+def test_s3_stall_once_then_resume(s3_on_http_server):
+    server = s3_on_http_server
+    server.put_file("bucket/f.bin", BIG)
+    server.fault("bucket/f.bin", "stall", after=1_500_000, seconds=3.0)
+    start = time.monotonic()
+    with gopen("s3://bucket/f.bin", retries=2, read_timeout=0.5, **FAST) as stream:
+        assert read_all(stream) == BIG
+    assert time.monotonic() - start < 2.5  # the timeout ended the stall, not the server
+    log = ranges(server, "bucket/f.bin")
+    assert log[0] is None and len(log) == 2
+    assert 0 < int(log[1][len("bytes="):-1]) <= 1_500_000  # the rest, from where the stall began
+
+
+def test_s3_stall_forever_gives_up(s3_on_http_server):
+    server = s3_on_http_server
+    server.put_file("bucket/f.bin", DATA)
+    server.fault("bucket/f.bin", "stall", after=1000, seconds=1.0, times=None)
+    start = time.monotonic()
+    with pytest.raises(ShardError, match=r"GET failed: .*[Rr]ead time(d )?out.*gave up after 2 retries") as info:
+        with gopen("s3://bucket/f.bin", retries=2, read_timeout=0.2, **FAST) as stream:
+            read_all(stream)
+    assert time.monotonic() - start < 5
+    assert info.value.url == "s3://bucket/f.bin"
+    assert len(server.requests("bucket/f.bin", "GET")) == 3
 
 def test_s3_without_boto3(monkeypatch):
     monkeypatch.setitem(sys.modules, "boto3", None)

@@ -212,3 +212,23 @@ def test_nodes_split_the_shards(shards, monkeypatch):
         monkeypatch.setenv("RANK", rank)
         seen.append({s["__url__"].rsplit("/", 1)[-1] for s in spec_dataset(spec, longest=True)})
     assert seen == [{"ia1-000.tar", "ia1-002.tar", "cdip-000.tar"}, {"ia1-001.tar", "cdip-001.tar"}]
+
+
+@pytest.mark.parametrize("name", ["spec.yml", "spec.json"])
+def test_secure_mode_refuses_a_pipe_shard_of_a_spec_and_runs_nothing(http_server, tmp_path, monkeypatch, name):
+    _write(tmp_path, "s.tar", 3)
+    marker = tmp_path / "command-ran"
+    command = f"pipe:touch {marker} && cat {tmp_path}/s.tar"
+    text = json.dumps({"dataset": [{"shards": command}]}) if name.endswith(".json") else \
+        f'dataset:\n  - shards: "{command}"\n    scaleprob: 1.0\n'
+    url = http_server.put_file(name, text.encode())  # a remote spec: secure mode reads it
+    assert [s["__key__"] for s in spec_dataset(url)] == ["0000", "0001", "0002"]
+    assert marker.exists()  # out of secure mode the command runs
+    marker.unlink()
+    monkeypatch.setenv("WDS_SECURE", "1")
+    assert load_spec(url).collections[0].urls == (command,)
+    with pytest.raises(wds.ShardError, match=r"pipe: URLs \(shell commands\) are refused in secure mode "
+                                             r"\(set by WDS_SECURE=1\)") as info:
+        list(spec_dataset(url))
+    assert info.value.url == command
+    assert not marker.exists()

@@ -2,6 +2,7 @@
 
 import gzip
 import io
+import os
 import pickle
 import tarfile
 import warnings
@@ -259,3 +260,47 @@ def test_expander_yields_only_member_dicts_by_default(impl, tmp_path):
     path = write_tar(tmp_path / "s.tar", [("a.txt", b"a")])
     members = list(tar_file_expander(url_opener([path])))
     assert all(isinstance(m, dict) for m in members) and len(members) == 1
+
+
+def test_an_empty_tar_gives_no_samples_and_no_error(impl, tmp_path):
+    empty = tar_bytes([])  # only the end-of-archive blocks
+    assert set(empty) == {0}
+    url = write_tar(tmp_path / "empty.tar", [])
+    (tmp_path / "empty.tgz").write_bytes(gzip.compress(empty))
+    assert samples([url]) == []
+    assert samples([str(tmp_path / "empty.tgz")]) == []
+    assert samples([f"pipe:cat {url}"]) == []
+    # Between two shards it ends nothing and adds nothing.
+    a = write_tar(tmp_path / "a.tar", [("a.txt", b"1")])
+    b = write_tar(tmp_path / "b.tar", [("b.txt", b"2")])
+    got = samples([a, url, b])
+    assert [(s["__key__"], s["__url__"], s["txt"]) for s in got] == [("a", a, b"1"), ("b", b, b"2")]
+
+
+def _tree(root):
+    return sorted(os.path.join(d, n) for d, dirs, files in os.walk(root) for n in dirs + files)
+
+
+def test_climbing_and_absolute_member_names_are_only_keys(impl, tmp_path, monkeypatch):
+    """Members are read into memory, never extracted: a name that climbs out of the
+    working directory or is absolute is a sample key like any other (split by
+    base_plus_ext, as written), and no file is created anywhere."""
+    names = ["../evil.txt", "../evil.cls", "/abs/x.txt", "a/../../b.txt", "a/../../b.cls"]
+    (tmp_path / "shards").mkdir()
+    url = write_tar(tmp_path / "shards" / "s.tar", [(name, name.encode()) for name in names])
+    with tarfile.open(url) as tar:
+        assert tar.getnames() == names  # the archive holds the names as they are
+    cwd = tmp_path / "work" / "deeper"
+    cwd.mkdir(parents=True)
+    monkeypatch.chdir(cwd)  # "../" and "a/../../" point into tmp_path/work
+    before, absolute = _tree(tmp_path), os.path.exists("/abs/x.txt")
+    assert [base_plus_ext(name) for name in names] == [
+        ("../evil", "txt"), ("../evil", "cls"), ("/abs/x", "txt"), ("a/../../b", "txt"), ("a/../../b", "cls")]
+    got = samples([url])
+    assert [(s["__key__"], {k: v for k, v in s.items() if not k.startswith("__")}) for s in got] == [
+        ("../evil", {"txt": b"../evil.txt", "cls": b"../evil.cls"}),
+        ("/abs/x", {"txt": b"/abs/x.txt"}),
+        ("a/../../b", {"txt": b"a/../../b.txt", "cls": b"a/../../b.cls"}),
+    ]
+    assert _tree(tmp_path) == before
+    assert os.path.exists("/abs/x.txt") == absolute

@@ -154,6 +154,12 @@ def test_single_zero_block_ends_archive(impl):
     assert split(data) == [("a.txt", b"a", 0)]
 
 
+def test_an_archive_of_only_the_end_marker_has_no_members(impl):
+    assert split(END) == []
+    assert split(tar_bytes([])) == []  # as tarfile writes it: the marker padded to a 10240-byte record
+    assert split(END, bufsize=2048) == []
+    assert list(tar_splitter_class()(Trickle(tar_bytes([]), 100), "t")) == []
+
 def test_garbage_after_end_marker_is_ignored(impl):
     data = member(b"a.txt", b"a") + END + b"trailing junk"
     assert split(data) == [("a.txt", b"a", 0)]

@@ -401,6 +401,17 @@ def test_errors_name_the_shard_and_member():
         decode_into(patched_sof(jpeg(16, 16), 60000, 60000), out, False, None, member="k.jpg")
 
 
+@pytest.mark.parametrize("data", [bytes(1000), b"\xff\xd8\xff" + bytes(997)], ids=["zeros", "jpeg-magic-then-zeros"])
+def test_a_zeroed_jpeg_names_the_shard_and_member(impl, region, data):
+    out = np.zeros((8, 8, 3), np.uint8)
+    with pytest.raises(DecodeError, match=r"not an image format Pillow knows \(it starts b'(\\xff\\xd8\\xff)?\\x00"
+                                          r".*\(shard 'a.tar', member 'k.jpg'\)$") as info:
+        decode_into(data, out, False, None, url="a.tar", member="k.jpg", region=region)
+    assert (info.value.url, info.value.member) == ("a.tar", "k.jpg")
+    assert isinstance(info.value.__cause__, PIL.UnidentifiedImageError)
+    assert not out.any()  # nothing half-decoded was written into the slot
+
+
 @pytest.mark.parametrize("out, kw, match", [
     (np.zeros((8, 8, 1), np.uint8), {}, "HxWx3 uint8"),
     (np.zeros((8, 8, 3), np.float32), {}, "HxWx3 uint8"),

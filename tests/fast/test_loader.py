@@ -23,6 +23,8 @@ from wdsmp.fast.loader import Batch, FastLoader
 from wdsmp.fast.ring import SHM_DIR
 from wdsmp.shardindex import write_index
 
+from ..conftest import tar_bytes
+
 SHARDS, PER_SHARD = 3, 23  # 69 samples: batches of 4 leave remainders on purpose
 SIZE = 24
 
@@ -59,19 +61,6 @@ def _npy(array):
     stream = io.BytesIO()
     np.save(stream, array)
     return stream.getvalue()
-
-
-def _rings():
-    return {n for n in os.listdir(SHM_DIR) if n.startswith("wdsmp-")}
-
-
-@pytest.fixture(autouse=True)
-def no_leaks():
-    """Every test leaves /dev/shm as it found it."""
-    before = _rings()
-    yield
-    gc.collect()
-    assert _rings() - before == set()
 
 
 def _loader(urls, **kw):
@@ -228,6 +217,38 @@ def test_missing_image_field_is_named(shards):
     with _loader(urls[:1], num_workers=1, image_keys="png;webp") as loader:
         with pytest.raises(WorkerError, match=r"no image field \(one of png, webp\).*cls, jpg, txt, vec.npy"):
             next(iter(loader))
+
+
+def _write_shard(path, keys, fields=("jpg", "cls")):
+    """A shard at ``path`` of small JPEG samples, with only the fields named."""
+    rng = np.random.default_rng(3)
+    with wdsmp.TarWriter(str(path)) as sink:
+        for label, key in enumerate(keys):
+            sample = {"jpg": simplejpeg.encode_jpeg(_photo(rng, 40, 48), 90), "cls": str(label).encode(), "txt": b"t"}
+            sink.write({"__key__": key, **{f: sample[f] for f in fields}})
+    return str(path)
+
+
+def test_missing_label_field_is_named(tmp_path):
+    url = _write_shard(tmp_path / "unlabelled.tar", ["u/000", "u/001"], fields=("jpg", "txt"))
+    with _loader([url], num_workers=1, label="cls", shuffle=False) as loader:
+        with pytest.raises(WorkerError, match=r"worker 0 failed.*no label field 'cls' in the sample; it has jpg, txt"
+                                              r".*shard '.*unlabelled.tar', member 'u/000'") as info:
+            next(iter(loader))
+        assert info.value.exc_type == "wdsmp.errors.SampleError"
+    with _loader([url], num_workers=1, label=None, keys=True, shuffle=False) as loader:  # no label asked: no error
+        assert _keys(loader) == (["u/000", "u/001"], [2])
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_an_empty_shard_among_others_adds_nothing(shards, tmp_path, num_workers):
+    urls, _, labels = shards
+    empty = tmp_path / "empty.tar"
+    empty.write_bytes(tar_bytes([]))  # a valid tar of no members
+    with _loader([str(empty), urls[0]], keys=True, num_workers=num_workers, shuffle=False, train=False) as loader:
+        keys, sizes = _keys(loader)
+    assert sorted(keys) == sorted(k for k in labels if k.startswith("s0/"))
+    assert sum(sizes) == PER_SHARD and all(size <= 4 for size in sizes)
 
 
 def keep_even(sample):
@@ -392,16 +413,20 @@ _CHILD = textwrap.dedent("""
         print(loader._ring.name, *loader._state.workers.pool.pids(), flush=True)
         if sys.argv[2] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        while True:
-            next(iterator)
-            time.sleep(0.05)
+        while True:  # epoch after epoch, until a signal ends it
+            for _ in iterator:
+                time.sleep(0.05)
+            iterator = iter(loader)
 """)
 
 
-def _run_child(tmp_path, index, how):
+def _run_child(tmp_path, index, how, new_session=False):
+    """A child running a FastLoader; ``new_session=True`` starts it in a session (and process
+    group) of its own, which its forkserver and workers join."""
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
-    child = subprocess.Popen([sys.executable, str(script), index, how], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, str(script), index, how], stdout=subprocess.PIPE, text=True,
+                             start_new_session=new_session)
     words = child.stdout.readline().split()
     return child, words[0], [int(p) for p in words[1:]]
 
@@ -431,6 +456,27 @@ def test_workers_exit_when_the_main_process_is_killed(shards, tmp_path):
     assert _gone(pids, 5)  # parent watch
     from wdsmp.fast.ring import cleanup_stale
 
+    cleanup_stale()  # what a new FastLoader does first
+    assert ring not in os.listdir(SHM_DIR)
+
+
+def test_killing_the_whole_process_group_leaves_a_ring_cleanup_removes(shards, tmp_path):
+    """SIGKILL to the group (as a job scheduler does): nobody gets to clean up, so the
+    ring stays until the next loader's cleanup_stale() (NOTE [ring ownership])."""
+    from wdsmp.fast.ring import cleanup_stale
+
+    _, index, _ = shards
+    child, ring, pids = _run_child(tmp_path, index, "run", new_session=True)
+    try:
+        assert os.getpgid(child.pid) == child.pid and pids
+        assert all(os.getpgid(p) == child.pid for p in pids)  # the workers are in the group
+        assert ring in os.listdir(SHM_DIR)
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)  # the child is not reaped yet: the group is still its
+        status = child.wait(10)
+        child.stdout.close()
+    assert status == -signal.SIGKILL
+    assert _gone(pids, 5)
     cleanup_stale()  # what a new FastLoader does first
     assert ring not in os.listdir(SHM_DIR)
 
