@@ -51,7 +51,9 @@ def _libjpeg_turbo_usable(compiler):
             stream.write(_JPEG_PROBE)
         try:
             objects = compiler.compile([source], output_dir=tmp)
-            compiler.link_executable(objects, "probe", output_dir=tmp, libraries=["jpeg"])
+            # LDFLAGS as the extensions get them (a sanitizer build needs its runtime here too).
+            compiler.link_executable(objects, "probe", output_dir=tmp, libraries=["jpeg"],
+                                     extra_preargs=os.environ.get("LDFLAGS", "").split())
         except (CompileError, LinkError):  # the compiler has printed why
             return False
     return True

@@ -74,6 +74,8 @@ def _open_files():
             target = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             continue
+        if target.startswith("/dev/shm/pym-") and target.endswith(" (deleted)"):
+            continue  # an arena of multiprocessing's shared heap: kept for the process's life by design
         if target.startswith("/") and not target.startswith(("/dev/null", "/dev/pts", "/dev/tty", "/proc/")):
             files[int(fd)] = target
     return files
