@@ -364,13 +364,12 @@ def test_break_then_iterate_again_and_close_is_idempotent(shards):
         if i == 2:
             break
     assert len(list(loader)) == len(loader)
-    pids = [p for p in psutil.Process().children(recursive=True) if "wdsmp" in " ".join(p.cmdline()) or True]
+    pids = _worker_pids(loader)
     loader.close()
     loader.close()
-    assert loader.closed
+    assert loader.closed and _gone(pids, 5)
     with pytest.raises(ValueError, match="closed"):
         iter(loader)
-    del pids
 
 
 def _worker_pids(loader):

@@ -57,8 +57,6 @@ import time
 import weakref
 from queue import Empty
 
-import numpy as np
-
 from .. import handlers as _handlers
 from ..errors import WorkerError
 from ..shardlists import expand_urls

@@ -22,12 +22,11 @@ import os
 import random
 import signal
 import threading
-import time
 import warnings
 from dataclasses import dataclass
 from itertools import islice
 from queue import Empty
-from typing import Callable, Optional, Tuple, Union
+from typing import Callable, Tuple, Union
 
 import numpy as np
 
