@@ -5,6 +5,7 @@ stray child processes or open files."""
 import gc
 import io
 import os
+import re
 import tarfile
 
 import psutil
@@ -46,7 +47,12 @@ def write_tar(path, members, **kw):
 
 
 def _segments():
-    return {name for name in os.listdir("/dev/shm") if name.startswith("wdsmp-")} if os.path.isdir("/dev/shm") else set()
+    """This process's wdsmp segments (names end in ``-<owner pid>-<random>``; other processes on
+    the machine may be running loaders of their own)."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    mine = re.compile(rf"wdsmp-(.*-)?{os.getpid()}-[0-9a-f]{{8}}")
+    return {name for name in os.listdir("/dev/shm") if mine.fullmatch(name)}
 
 
 @pytest.fixture(autouse=True)

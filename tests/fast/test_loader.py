@@ -542,3 +542,25 @@ def test_batches_copy_and_pickle(shards):
         batch = next(iter(loader))
     for clone in (copy.copy(batch), pickle.loads(pickle.dumps(batch))):
         assert isinstance(clone, Batch) and clone.keys == batch.keys and torch.equal(clone.images, batch.images)
+
+
+@pytest.mark.parametrize("shuffle_buffer", [0, 64])
+def test_resume_is_exact_when_stages_and_the_handler_drop_samples(shards, shuffle_buffer):
+    urls, _, _ = shards
+    table = [(_damage(urls[0], "s0/004"), PER_SHARD)] + [(url, PER_SHARD) for url in urls[1:]]
+
+    def make():
+        return _loader(table, keys=True, seed=5, shuffle_buffer=shuffle_buffer, stages=[wdsmp.select(keep_even)],
+                       handler=wdsmp.ignore_and_continue)
+
+    with make() as loader:
+        whole = _keys(loader)[0]
+    with make() as loader:
+        iterator = iter(loader)
+        head = [k for _ in range(5) for k in next(iterator).keys]
+        state = loader.state_dict()
+    assert head == whole[:20] and state["worker_consumed"] != [10, 10]  # filtered items counted
+    with make() as loader:
+        loader.load_state_dict(state)
+        rest = _keys(loader)[0]
+    assert head + rest == whole

@@ -55,16 +55,15 @@ import os
 import sys
 import time
 import weakref
-from queue import Empty
 
 from .. import handlers as _handlers
-from ..errors import WorkerError
 from ..shardlists import expand_urls
 from ..shardindex import read_index, resolve_url
 from ..utils import pytorch_worker_info
 from . import pool as _pool
 from .layout import BatchLayout, FieldSpec
-from .messages import BatchReady, Stop, WorkerDone, WorkerFailed, WorkerWarning
+from .delivery import EpochIterator
+from .messages import Stop
 from .plan import POLICIES, PlanPosition, plan_epoch
 from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
 from .worker import IMAGES, KEYS, LABELS, DecodeOptions, WorkerConfig, worker_main
@@ -72,7 +71,6 @@ from .worker import IMAGES, KEYS, LABELS, DecodeOptions, WorkerConfig, worker_ma
 __all__ = ["IMAGE_KEYS", "Batch", "FastLoader"]
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "ppm", "pgm", "npy", "webp", "bmp", "tif", "tiff")
-_POLL = 0.5  # seconds between liveness checks while waiting for a batch
 
 
 class Batch(tuple):
@@ -279,7 +277,7 @@ class FastLoader:
         self._finalizer = weakref.finalize(self, self._state.close)
         self.epoch = 0
         self._resume = None
-        self._progress = None  # the current epoch's _Progress (never its iterator: see _Progress)
+        self._progress = None  # the current epoch's Progress (never its iterator: see delivery.Progress)
         self._stats = {"batches": 0, "samples": 0, "skipped": 0, "padded": 0, "wait_s": 0.0}
         self._started = None
 
@@ -351,23 +349,24 @@ class FastLoader:
             workers.tasks[w].put(part)
         if self._started is None:
             self._started = time.monotonic()
-        iterator = _EpochIterator(self, workers, plan)
+        iterator = EpochIterator(self, workers, plan)
         self._progress = iterator.progress
         return iterator
 
     def state_dict(self):
         """Where this loader stands: the epoch and the batches handed out in it (also after an
         error ended it). Give it to ``load_state_dict`` of a loader with the same shards and
-        settings to go on with exactly the batches not yet seen; exact as long as stages and the
-        handler drop no samples (a dropped sample shifts the batches after it)."""
+        settings to go on with exactly the batches not yet seen, also when stages or the
+        handler drop samples (each worker's position in its sample stream is part of the state)."""
         progress = self._progress
         if self._resume is not None:
-            epoch, delivered = self._resume.epoch, self._resume.worker_batches
+            epoch, delivered, consumed = self._resume.epoch, self._resume.worker_batches, self._resume.worker_consumed
         elif progress is not None and not progress.complete:
-            epoch, delivered = progress.epoch, tuple(progress.handed)
+            epoch, delivered, consumed = progress.epoch, tuple(progress.handed), tuple(progress.consumed)
         else:
-            epoch, delivered = self.epoch, (0,) * self.num_workers
+            epoch, delivered, consumed = self.epoch, (0,) * self.num_workers, (0,) * self.num_workers
         return {"epoch": epoch, "batches_done": sum(delivered), "worker_batches": list(delivered),
+                "worker_consumed": None if consumed is None else list(consumed),
                 "num_workers": self.num_workers, "batch_size": self.batch_size, "seed": self.seed,
                 "rank": self.rank, "world_size": self.world_size}
 
@@ -377,7 +376,9 @@ class FastLoader:
             if state.get(name) != getattr(self, name):
                 raise ValueError(f"state was saved with {name}={state.get(name)!r}, this loader has "
                                  f"{getattr(self, name)!r}: resuming exactly needs the same settings")
-        position = PlanPosition(state["epoch"], state["batches_done"], tuple(state["worker_batches"]))
+        consumed = state.get("worker_consumed")
+        position = PlanPosition(state["epoch"], state["batches_done"], tuple(state["worker_batches"]),
+                                None if consumed is None else tuple(consumed))
         self.plan(position)  # fails now if the position does not fit
         self._resume = position
         self.epoch = position.epoch
@@ -526,143 +527,3 @@ class _State:
                     self.pinned.pop()()
             finally:
                 self.ring.close()
-
-
-class _Progress:
-    """An epoch's delivery counts and state, shared by its iterator and the loader. The loader
-    must not hold the iterator (which holds the loader): a ``for`` loop left with ``break``
-    drops its iterator, and the loader must still know that the epoch was left unfinished."""
-
-    def __init__(self, plan, workers):
-        self.epoch, self.workers = plan.epoch, workers
-        self.delivered = [part.skip_batches for part in plan.workers]  # taken off the queue
-        self.handed = list(self.delivered)  # given to the user (``.cuda()`` takes some ahead)
-        self.finished = False  # no more batches will come
-        self.complete = False  # ... and all were handed out: ``state_dict`` moves to the next epoch
-
-    def hand(self, message):
-        self.handed[message.worker] += 1
-        self.complete = self.finished and self.handed == self.delivered
-
-    def abandon(self):
-        """End the epoch before its end: its workers stop, and the next epoch starts new ones."""
-        if not self.finished:
-            self.finished = True
-            self.workers.shutdown()
-
-
-class _EpochIterator:
-    """Delivers one epoch's batches in order (NOTE [loader protocol])."""
-
-    def __init__(self, loader, workers, plan):
-        self.loader, self.workers, self.plan = loader, workers, plan
-        self.progress = _Progress(plan, workers)
-        self.delivered = self.progress.delivered
-        self.total = [None] * plan.num_workers  # each worker's batch count, once it is done
-        self.pending = {}
-        self.held = None
-
-    @property
-    def finished(self):
-        return self.progress.finished
-
-    def __iter__(self):
-        return self
-
-    def __len__(self):
-        if self.plan.remaining is None:
-            raise TypeError("the batch count of an epoch with unknown sample counts is unknown")
-        return self.plan.batches_per_rank - sum(self.delivered)
-
-    def __next__(self):
-        if self.held is not None:
-            self.release(self.held)
-            self.held = None
-        message = self.next_message()
-        self.progress.hand(message)
-        batch = self.loader._tensors(message)
-        if self.loader.copy:
-            self.release(message)
-        else:
-            self.held = message
-        return batch
-
-    def next_message(self):
-        """The next ``BatchReady`` in delivery order; the caller must ``release`` it."""
-        if self.finished:
-            raise StopIteration
-        self.loader._check_open()
-        started = time.monotonic()
-        while True:
-            worker = self._next_worker()
-            if worker is None:
-                self._finish()
-                raise StopIteration
-            message = self.pending.pop((worker, self.delivered[worker]), None)
-            if message is not None:
-                break
-            self._receive(worker, started)
-        self.delivered[worker] += 1
-        self.loader._delivered(message, time.monotonic() - started)
-        return message
-
-    def release(self, message):
-        """Give the slot of ``message`` back to the worker that filled it."""
-        if not self.workers.broken:
-            self.workers.free[message.worker].put(message.slot)
-
-    def _next_worker(self):
-        """The unfinished worker that delivered the fewest batches; None when all are done."""
-        candidates = [w for w, n in enumerate(self.delivered) if self.total[w] is None or n < self.total[w]]
-        return min(candidates, key=lambda w: (self.delivered[w], w)) if candidates else None
-
-    def _receive(self, waiting_for, started):
-        """Take one message off the ready queue; raise when a worker failed, died or timed out."""
-        try:
-            message = self.workers.ready.get(timeout=_POLL)
-        except Empty:
-            self._check_workers(waiting_for, started)
-            return
-        self._dispatch(message)
-
-    def _dispatch(self, message):
-        if isinstance(message, BatchReady):
-            self.pending[(message.worker, message.index)] = message
-        elif isinstance(message, WorkerDone):
-            self.total[message.worker] = message.batches
-            self.loader._stats["skipped"] += message.skipped
-            self.loader._stats["padded"] += message.padded
-        elif isinstance(message, WorkerWarning):
-            message.reissue()
-        elif isinstance(message, WorkerFailed):
-            self._fail(message.to_error())
-
-    def _check_workers(self, waiting_for, started):
-        dead = self.workers.pool.dead()
-        if dead:
-            while True:  # a worker that failed has sent why before it exited
-                try:
-                    self._dispatch(self.workers.ready.get(timeout=_POLL))
-                except Empty:
-                    break
-            worker, code = dead[0]
-            pid = self.workers.pool.pids()[worker]
-            self._fail(WorkerError(f"loader worker {worker} (pid {pid}) died with {_pool.describe_exit(code)} "
-                                   f"during epoch {self.plan.epoch}, after delivering {self.delivered[worker]} "
-                                   f"batches; the epoch cannot be completed"))
-        timeout = self.loader.timeout
-        if timeout is not None and time.monotonic() - started > timeout:
-            self._fail(TimeoutError(f"no batch from loader worker {waiting_for} for {timeout} s "
-                                    f"(epoch {self.plan.epoch}, batch {self.delivered[waiting_for]} of that worker)"))
-
-    def _fail(self, error):
-        self.held = None
-        self.progress.abandon()
-        raise error
-
-    def _finish(self):
-        self.progress.finished = True
-        self.progress.complete = self.progress.handed == self.progress.delivered
-        if self.held is not None:
-            self.release(self.held)
-            self.held = None

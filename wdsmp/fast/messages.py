@@ -24,7 +24,9 @@ class BatchReady:
     robin order in every mode (NOTE [plan: exactly once, equal batches]; with
     known counts it is the rank's batch ``worker + index * num_workers``).
     ``count`` is how many rows of the slot hold samples (a worker's last batch
-    may be short when sample counts are unknown).
+    may be short when sample counts are unknown). ``consumed`` is how many
+    items the worker had taken from its sample stream when the batch was
+    done, skipped ones included: what a resume after this batch must drop.
     """
 
     slot: int
@@ -32,6 +34,7 @@ class BatchReady:
     epoch: int
     index: int
     count: int
+    consumed: int = 0
 
 
 @dataclass(frozen=True)

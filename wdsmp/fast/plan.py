@@ -56,7 +56,7 @@ NOTE [plan: exactly once, equal batches]
 import bisect
 import operator
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
 from ..utils import make_seed
@@ -110,12 +110,17 @@ class PlanPosition:
     """Where an epoch stands: ``batches_done`` batches of ``epoch`` delivered on this rank.
 
     ``worker_batches`` (optional in the exact modes, needed in "shards" mode)
-    is how many of them each worker delivered.
+    is how many of them each worker delivered. ``worker_consumed`` (optional)
+    is how many items each worker had taken from its sample stream (after the
+    user's stages and the shuffle buffer) for them: with it a resumed worker
+    replays its region and drops exactly those, so a resume stays exact when
+    stages or the error handler drop samples.
     """
 
     epoch: int
     batches_done: int = 0
     worker_batches: Optional[Tuple[int, ...]] = None
+    worker_consumed: Optional[Tuple[int, ...]] = None
 
     def __post_init__(self):
         _index(self.epoch, "epoch")
@@ -125,6 +130,11 @@ class PlanPosition:
             if sum(counts) != self.batches_done:
                 raise ValueError(f"worker_batches {counts} do not add up to batches_done={self.batches_done}")
             object.__setattr__(self, "worker_batches", counts)
+        if self.worker_consumed is not None:
+            consumed = tuple(_index(n, "worker_consumed entries") for n in self.worker_consumed)
+            if self.worker_batches is None or len(consumed) != len(self.worker_batches):
+                raise ValueError("worker_consumed needs worker_batches, one entry per worker")
+            object.__setattr__(self, "worker_consumed", consumed)
 
 
 def _ceil_div(a, b):
@@ -164,8 +174,11 @@ class WorkerPlan:
     ``num_batches`` the batches it makes in the epoch (None: unknown);
     ``skip_batches`` how many of them were delivered before a resume;
     ``discard`` how many samples it must read and drop before its first batch
-    (counts unknown); ``seed`` seeds its own randomness (shuffle buffers,
-    augmentation). See NOTE [plan: exactly once, equal batches].
+    (counts unknown); ``consumed`` (None unless resumed from a position that
+    has it) how many items of its sample stream, after stages and shuffling,
+    the delivered batches took: the worker then reads its region from the
+    start and drops exactly those instead. ``seed`` seeds its own randomness
+    (shuffle buffers, augmentation). See NOTE [plan: exactly once, equal batches].
     """
 
     mode: str
@@ -180,6 +193,7 @@ class WorkerPlan:
     skip_batches: int
     discard: int
     pool: Tuple[Tuple[str, Optional[int]], ...] = ()
+    consumed: Optional[int] = None
 
     def shards(self, resume=True):
         """The shard ranges to read, in order; without the delivered batches' samples when they can
@@ -336,6 +350,19 @@ def plan_epoch(shards, position=0, *, batch_size, seed=0, rank=0, world_size=1, 
     epoch is then ``epoch_batches`` batches per rank (policy and shuffle do
     not apply).
     """
+    plan = _plan_epoch(shards, position, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
+                       num_workers=num_workers, policy=policy, shuffle=shuffle, resampled=resampled,
+                       epoch_batches=epoch_batches)
+    consumed = position.worker_consumed if isinstance(position, PlanPosition) else None
+    if consumed is None:
+        return plan
+    if len(consumed) != plan.num_workers:
+        raise ValueError(f"position has worker_consumed for {len(consumed)} workers, the plan has {plan.num_workers}")
+    return replace(plan, workers=tuple(replace(part, consumed=n) for part, n in zip(plan.workers, consumed)))
+
+
+def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_workers, policy, shuffle,
+                resampled, epoch_batches):
     table = _shard_table(shards)
     position = position if isinstance(position, PlanPosition) else PlanPosition(position)
     bsize = _index(batch_size, "batch_size", 1)

@@ -177,13 +177,21 @@ class _Epoch:
     def _source(self):
         """Samples of the plan, through the user's stages, the shuffle buffer and the resume skip."""
         plan, config = self.plan, self.config
-        replay = config.shuffle_buffer > 1  # a buffer reorders: resume by replaying (plan.py's NOTE)
+        # A buffer reorders, and a position may count what stages and the handler dropped: then
+        # resume by replaying the region and dropping what was consumed (plan.py's NOTE).
+        replay = config.shuffle_buffer > 1 or plan.consumed is not None
         samples = self._read(plan.shards(resume=not replay))
         for stage in config.stages:
             samples = stage(samples)
-        if replay:
+        if config.shuffle_buffer > 1:
             samples = _shuffled(samples, config.shuffle_buffer, random.Random(make_seed(plan.seed, "shuffle")))
-        drop = plan.skip_batches * self.batch_size if replay else plan.discard
+        if plan.consumed is not None:
+            drop = plan.consumed
+        else:
+            drop = plan.skip_batches * self.batch_size if replay else plan.discard
+        # Items of the stream consumed so far, counted from the region's start (without a replay,
+        # the skipped batches' samples were skipped by count: one item each).
+        self.taken = drop if replay else plan.skip_batches * self.batch_size
         return islice(samples, drop, None)
 
     def _read(self, ranges):
@@ -204,6 +212,7 @@ class _Epoch:
         while plan.num_batches is None or index < plan.num_batches:
             try:
                 sample = next(source, None)
+                self.taken += sample is not None
             except Exception as exn:
                 # Stages are generators: one that raised has ended, and the rest of this part with it.
                 if self._handle(exn):
@@ -250,7 +259,7 @@ class _Epoch:
     def _publish(self, slot, arrays, index, count):
         if count == self.batch_size:  # what _pad repeats once no row of the next slot is filled
             self.last_good = {name: array[-1].copy() for name, array in arrays.items()}
-        self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, index, count))
+        self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, index, count, self.taken))
 
     def _pad(self, arrays, rows):
         """Fill rows ``rows:`` with the last good sample: in this slot if it has one, else the
