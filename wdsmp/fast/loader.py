@@ -64,7 +64,7 @@ from . import pool as _pool
 from .layout import BatchLayout, FieldSpec
 from .delivery import EpochIterator
 from .messages import Stop
-from .plan import POLICIES, PlanPosition, plan_epoch
+from .plan import POLICIES, PlanPosition, plan_epoch, shard_table
 from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
 from .worker import IMAGES, KEYS, LABELS, DecodeOptions, WorkerConfig, worker_main
 
@@ -129,24 +129,13 @@ def _extensions(value, name):
     return keys
 
 
-def _shard_table(urls, index):
+def _shards_of(urls, index):
     """``[(url, count or None), ...]`` from the arguments; counts from ``index`` when given."""
     if isinstance(urls, str) and urls.endswith(".json") and index is None:
         return read_index(urls)
-    if isinstance(urls, str):
-        urls = expand_urls(urls)
-    table = []
-    for item in urls:
-        url, count = (item, None) if isinstance(item, str) else item
-        if not isinstance(url, str):
-            raise ValueError(f"a shard must be a URL or a (url, count) pair, not {item!r}")
-        table.append((url, count))
-    if not table:
-        raise ValueError("FastLoader needs at least one shard")
+    table = shard_table(expand_urls(urls) if isinstance(urls, str) else urls)
     if index is not None:
-        counts = {}
-        for url, count in read_index(index):
-            counts[url] = count
+        counts = dict(read_index(index))
         missing = [url for url, _ in table if resolve_url(index, url) not in counts and url not in counts]
         if missing:
             raise ValueError(f"shard index {index!r} has no sample count for {len(missing)} of the shards, "
@@ -259,7 +248,7 @@ class FastLoader:
         elif not progress > 0:
             raise ValueError(f"progress must be a bool or seconds between reports, not {progress!r}")
         self.progress = progress
-        self.shards = _shard_table(urls, index)
+        self.shards = _shards_of(urls, index)
         layout, extra = self._layout(label, keys, key_length, fields)
         decode = DecodeOptions(self.train, _pair(scale, "scale"), _pair(ratio, "ratio"), float(flip),
                                float(resize_ratio), bool(dct_scaling))
@@ -280,6 +269,7 @@ class FastLoader:
         self._progress = None  # the current epoch's Progress (never its iterator: see delivery.Progress)
         self._stats = {"batches": 0, "samples": 0, "skipped": 0, "padded": 0, "wait_s": 0.0}
         self._started = None
+        self._logged = 0.0  # when progress was last reported
 
     def _layout(self, label, keys, key_length, fields):
         height, width = self.image_size
@@ -407,8 +397,8 @@ class FastLoader:
         stats["batches"] += 1
         stats["samples"] += message.count
         stats["wait_s"] += waited
-        if self.progress is not None and time.monotonic() - stats.setdefault("_logged", 0.0) >= self.progress:
-            stats["_logged"] = time.monotonic()
+        if self.progress is not None and time.monotonic() - self._logged >= self.progress:
+            self._logged = time.monotonic()
             print(f"wdsmp FastLoader: {self._describe_rate()}", file=sys.stderr, flush=True)
 
     def _describe_rate(self):
@@ -421,7 +411,7 @@ class FastLoader:
         """Counters since the loader started: batches, samples, images_per_s, wait_s (time spent
         waiting for workers) and wait_fraction, skipped (bad samples the handler let pass) and
         padded (rows repeated to keep batches full)."""
-        stats = {k: v for k, v in self._stats.items() if not k.startswith("_")}
+        stats = dict(self._stats)
         elapsed = time.monotonic() - self._started if self._started is not None else 0.0
         stats["epoch"] = max(self.epoch - 1, 0)
         stats["elapsed_s"] = elapsed

@@ -70,6 +70,7 @@ __all__ = [
     "plan_epoch",
     "round_robin_share",
     "shard_order",
+    "shard_table",
 ]
 
 POLICIES = ("drop", "pad")
@@ -248,8 +249,8 @@ class EpochPlan:
         return None if self.batches_per_rank is None else self.batches_per_rank - self.batches_done
 
 
-def _shard_table(shards):
-    """``[(url, count or None), ...]`` from URLs or ``(url, count)`` pairs."""
+def shard_table(shards):
+    """``((url, count or None), ...)`` from URLs or ``(url, count)`` pairs, checked."""
     table = []
     for item in shards:
         try:
@@ -260,7 +261,7 @@ def _shard_table(shards):
             raise ValueError(f"a shard must be a URL or a (url, count) pair, not {item!r}")
         table.append((url, None if count is None else _index(count, f"sample count of {url!r}")))
     if not table:
-        raise ValueError("an epoch plan needs at least one shard")
+        raise ValueError("at least one shard is needed")
     return tuple(table)
 
 
@@ -363,7 +364,7 @@ def plan_epoch(shards, position=0, *, batch_size, seed=0, rank=0, world_size=1, 
 
 def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_workers, policy, shuffle,
                 resampled, epoch_batches):
-    table = _shard_table(shards)
+    table = shard_table(shards)
     position = position if isinstance(position, PlanPosition) else PlanPosition(position)
     bsize = _index(batch_size, "batch_size", 1)
     world = _index(world_size, "world_size", 1)

@@ -18,6 +18,7 @@ NOTE [full batches]
     batch is short instead.
 """
 
+import io
 import os
 import random
 import signal
@@ -334,8 +335,6 @@ def _field_value(sample, ext, spec, url, key):
         return value
     data = bytes(value)
     if data.startswith(b"\x93NUMPY"):
-        import io
-
         return np.load(io.BytesIO(data), allow_pickle=False)
     try:
         return np.array(data.decode().split(), dtype=spec.dtype).reshape(spec.shape)
