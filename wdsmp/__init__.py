@@ -37,6 +37,7 @@ from .errors import (
     WdsmpError,
     WorkerError,
 )
+from .exact import ExactSamples
 from .extradatasets import MockDataset, with_epoch, with_length
 from .fast.loader import Batch, FastLoader
 from .filters import (
@@ -102,6 +103,7 @@ __all__ = [
     "DecodeError",
     "Decoder",
     "DecodingError",
+    "ExactSamples",
     "FastLoader",
     "FluidInterface",
     "FluidWrapper",

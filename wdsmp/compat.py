@@ -12,6 +12,7 @@ workers and rebatched after the loader. ``Processor`` keeps the older
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import _env, filters, shardlists
+from .exact import ExactSamples
 from .handlers import reraise_exception
 from .pipeline import DataPipeline
 from .tariterators import group_by_keys, tar_file_expander, url_opener
@@ -142,8 +143,10 @@ class WebDataset(FluidInterface, DataPipeline):
     """A dataset of samples from tar shards, configured by arguments, chained fluidly.
 
     ``urls`` is a shard spec (brace patterns, ``::`` lists, globs), a list of
-    URLs, an IterableDataset of ``{"url": ...}`` items, or a YAML/JSON dataset
-    spec. Shards are read in order unless ``shardshuffle`` (a buffer size, or
+    URLs, an IterableDataset of ``{"url": ...}`` items, a YAML/JSON dataset
+    spec, or an ``ExactSamples`` source for exact, resumable epochs (which then
+    does the splitting, shuffling, opening and caching: the arguments for those
+    here do not apply). Shards are read in order unless ``shardshuffle`` (a buffer size, or
     True for 100) shuffles them, seeded by ``seed`` (and by ``set_epoch``
     with ``detshuffle=True``). ``resampled=True`` draws shards with
     replacement forever instead (set an epoch with ``with_epoch``).
@@ -162,7 +165,9 @@ class WebDataset(FluidInterface, DataPipeline):
         resampled = resampled or mode == "resampled"
         if shardshuffle is True:
             shardshuffle = 100
-        if _is_spec(urls):  # a spec mixes whole sample pipelines, one per collection
+        if isinstance(urls, ExactSamples):  # it reads and groups the samples itself
+            self.append(urls)
+        elif _is_spec(urls):  # a spec mixes whole sample pipelines, one per collection
             from . import specs
             self.append(specs.spec_dataset(urls, seed=seed or 0, resampled=resampled,
                                            handler=handler))

@@ -23,8 +23,9 @@ import sys
 import warnings
 from itertools import islice
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from . import exact
 from .utils import PipelineStage
 
 __all__ = ["DataPipeline", "add_length_method"]
@@ -104,6 +105,7 @@ class DataPipeline(IterableDataset):
         self._keep = False  # with_epoch mode, NOTE [epoch iterator]
         self._source = None
         self._source_pid = None
+        self.position = None  # (epoch, batches handed out, streams) with an ExactSamples source
         for stage in _flatten(args):
             self.append(stage)
 
@@ -118,6 +120,8 @@ class DataPipeline(IterableDataset):
         if where > 0 and not _is_filter(f):
             raise ValueError(f"stage {where} ({f!r}) is not callable: only the first stage may "
                              f"be an iterable source; later stages take the upstream iterator")
+        if where > 0:
+            exact.check_stage(self, f)
         self.pipeline.append(f)
 
     def compose(self, *args, **kw):
@@ -203,6 +207,12 @@ class DataPipeline(IterableDataset):
             yield sample
 
     def __iter__(self):
+        source = exact.source_of(self)
+        if source is not None and get_worker_info() is None:
+            if self._keep or self.repetitions != 1 or self.nsamples > 0:
+                raise ValueError("with_epoch() and repeat() do not combine with ExactSamples, whose "
+                                 "epochs are the plan's batches")
+            return exact.handed_out(self, source, self.iterator1)
         if self._keep:
             if self.nsamples > 0:
                 return self._epoch(self.nsamples)
@@ -245,6 +255,8 @@ class DataPipeline(IterableDataset):
         return self
 
     def __len__(self):
+        if self._length is None and exact.source_of(self) is not None:
+            return len(exact.source_of(self))
         if self._length is None:
             raise TypeError("this DataPipeline has no length; set one with .with_length(n)")
         return self._length
@@ -253,11 +265,40 @@ class DataPipeline(IterableDataset):
         return True  # never ask __len__, which may raise
 
     def set_epoch(self, epoch):
-        """Tell every stage that has ``set_epoch`` the epoch; restart the kept iterator."""
+        """Tell every stage that has ``set_epoch`` the epoch (and a DataLoader stage's dataset);
+        restart the kept iterator."""
         for step in self.pipeline:
+            if isinstance(step, DataLoader):
+                step = step.dataset
             if hasattr(step, "set_epoch"):
                 step.set_epoch(epoch)
         self._drop_source()
+
+    # -- exact epochs: NOTE [exact epochs in the reference path] in exact.py
+
+    def _exact_source(self):
+        source = exact.source_of(self)
+        if source is None:
+            raise ValueError("state_dict() and load_state_dict() need a pipeline that reads from "
+                             "wds.ExactSamples (directly, or through the DataLoader of a WebLoader)")
+        return source
+
+    def state_dict(self):
+        """Where the epoch stands: the batches this pipeline handed out (an ``ExactSamples``
+        pipeline, iterated in this process, or a ``WebLoader`` around one)."""
+        source = self._exact_source()
+        position = getattr(self, "position", None)
+        if position is not None and position[0] == source.epoch:
+            return source.state(position[1], position[2])
+        loader = self.pipeline[0]
+        done, streams = source.start(loader.num_workers if isinstance(loader, DataLoader) else 0)
+        return source.state(done, streams)
+
+    def load_state_dict(self, state):
+        """Make the next iteration go on from ``state`` (from ``state_dict()``) with exactly the
+        batches not yet handed out, in the order they would have come."""
+        self._exact_source().load_state_dict(state)
+        self.position = None
 
     def close(self):
         """Close the kept iterator and every stage that has ``close``; safe to call twice."""

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .gopen import gopen, local_path
 
-__all__ = ["read_index", "relative_url", "resolve_url", "write_index"]
+__all__ = ["read_index", "relative_url", "resolve_url", "shard_counts", "write_index"]
 
 
 def resolve_url(base, url):
@@ -78,3 +78,23 @@ def write_index(path, shards, **extra):
         json.dump(dict(extra, shards=entries), stream, indent=1)
         stream.write("\n")
     os.replace(temp, path)
+
+
+def shard_counts(urls, index=None):
+    """``[(url, count or None), ...]`` for a loader's ``urls`` argument: a manifest (``.json``),
+    a shard spec (brace patterns, ``::`` lists), URLs or ``(url, count)`` pairs; with ``index``
+    (a manifest) the counts come from it, and every shard must be in it."""
+    from .fast.plan import shard_table
+    from .shardlists import expand_urls
+
+    if isinstance(urls, str) and urls.endswith(".json") and index is None:
+        return read_index(urls)
+    table = shard_table(expand_urls(urls) if isinstance(urls, str) else urls)
+    if index is not None:
+        counts = dict(read_index(index))
+        missing = [url for url, _ in table if resolve_url(index, url) not in counts and url not in counts]
+        if missing:
+            raise ValueError(f"shard index {index!r} has no sample count for {len(missing)} of the shards, "
+                             f"e.g. {missing[0]!r}")
+        table = [(url, counts.get(url, counts.get(resolve_url(index, url)))) for url, _ in table]
+    return table

@@ -57,14 +57,13 @@ import time
 import weakref
 
 from .. import handlers as _handlers
-from ..shardlists import expand_urls
-from ..shardindex import read_index, resolve_url
+from ..shardindex import shard_counts
 from ..utils import pytorch_worker_info
 from . import pool as _pool
 from .layout import BatchLayout, FieldSpec
 from .delivery import EpochIterator
 from .messages import Stop
-from .plan import POLICIES, PlanPosition, plan_epoch, shard_table
+from .plan import POLICIES, PlanPosition, plan_epoch
 from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
 from .worker import IMAGES, KEYS, LABELS, DecodeOptions, WorkerConfig, worker_main
 
@@ -129,21 +128,6 @@ def _extensions(value, name):
     return keys
 
 
-def _shards_of(urls, index):
-    """``[(url, count or None), ...]`` from the arguments; counts from ``index`` when given."""
-    if isinstance(urls, str) and urls.endswith(".json") and index is None:
-        return read_index(urls)
-    table = shard_table(expand_urls(urls) if isinstance(urls, str) else urls)
-    if index is not None:
-        counts = dict(read_index(index))
-        missing = [url for url, _ in table if resolve_url(index, url) not in counts and url not in counts]
-        if missing:
-            raise ValueError(f"shard index {index!r} has no sample count for {len(missing)} of the shards, "
-                             f"e.g. {missing[0]!r}")
-        table = [(url, counts.get(url, counts.get(resolve_url(index, url)))) for url, _ in table]
-    return table
-
-
 def _default_workers():
     try:
         return max(1, len(os.sched_getaffinity(0)))
@@ -195,6 +179,10 @@ class FastLoader:
     out ranks. ``resampled=True`` draws shards with replacement forever, ``epoch_batches``
     per epoch.
 
+    Remote shards (``http(s)://``, ``s3://``, ``pipe:``, ...) are streamed; with ``cache_dir``
+    each is kept there as it is first read, and read from there afterwards (one copy per
+    directory, shared safely by workers and processes).
+
     Throughput: ``stats`` counts images, images/s and the time spent waiting for workers;
     ``progress=True`` (or seconds between reports) prints them to stderr as it goes.
 
@@ -211,7 +199,7 @@ class FastLoader:
                  rank=None, world_size=None, policy="drop", resampled=False, epoch_batches=None,
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5, resize_ratio=0.875, dct_scaling=True,
                  channels_first=False, copy=False, prefetch=2, timeout=None, start_method="forkserver",
-                 progress=False):
+                 progress=False, cache_dir=None):
         self.batch_size = _positive(batch_size, "batch_size")
         self.num_workers = _default_workers() if num_workers is None else _positive(num_workers, "num_workers")
         self.prefetch = _positive(prefetch, "prefetch")
@@ -248,7 +236,7 @@ class FastLoader:
         elif not progress > 0:
             raise ValueError(f"progress must be a bool or seconds between reports, not {progress!r}")
         self.progress = progress
-        self.shards = _shards_of(urls, index)
+        self.shards = shard_counts(urls, index)
         layout, extra = self._layout(label, keys, key_length, fields)
         decode = DecodeOptions(self.train, _pair(scale, "scale"), _pair(ratio, "ratio"), float(flip),
                                float(resize_ratio), bool(dct_scaling))
@@ -260,7 +248,7 @@ class FastLoader:
         self._ring = Ring.create(layout, self.num_workers * self.prefetch)  # last: nothing after it fails
         self._config = WorkerConfig(
             ring=self._ring.name, layout=layout, image_keys=image_keys, label=label, fields=extra, keys=bool(keys),
-            stages=stages, handler=handler, decode=decode, shuffle_buffer=buffer)
+            stages=stages, handler=handler, decode=decode, shuffle_buffer=buffer, cache_dir=cache_dir)
         _pool.start_server(mp_context)
         self._state = _State(self._ring)
         self._finalizer = weakref.finalize(self, self._state.close)

@@ -27,12 +27,12 @@ import warnings
 from dataclasses import dataclass
 from itertools import islice
 from queue import Empty
-from typing import Callable, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 import numpy as np
 
 from ..errors import SampleError, WdsmpError
-from ..tariterators import tarfile_samples
+from ..exact import buffer_shuffled, read_ranges
 from ..utils import make_seed
 from .imagedecode import decode_into
 from .messages import BatchReady, Stop, WorkerDone, WorkerFailed, WorkerWarning
@@ -65,7 +65,8 @@ class WorkerConfig:
     of extra fixed-shape fields, the shapes and dtypes in ``layout``; a source
     is an extension (``.npy`` bytes or text numbers) or a function
     ``sample -> array``. ``stages``: iterator -> iterator functions run on the
-    sample dicts before the native step, as in ``DataPipeline``.
+    sample dicts before the native step, as in ``DataPipeline``. ``cache_dir``:
+    shards are read through the shard cache there.
     """
 
     ring: str
@@ -78,6 +79,7 @@ class WorkerConfig:
     handler: Callable
     decode: DecodeOptions
     shuffle_buffer: int
+    cache_dir: Optional[str] = None
 
 
 class _Stopped(Exception):
@@ -185,7 +187,7 @@ class _Epoch:
         for stage in config.stages:
             samples = stage(samples)
         if config.shuffle_buffer > 1:
-            samples = _shuffled(samples, config.shuffle_buffer, random.Random(make_seed(plan.seed, "shuffle")))
+            samples = buffer_shuffled(samples, config.shuffle_buffer, random.Random(make_seed(plan.seed, "shuffle")))
         if plan.consumed is not None:
             drop = plan.consumed
         else:
@@ -196,14 +198,9 @@ class _Epoch:
         return islice(samples, drop, None)
 
     def _read(self, ranges):
-        for shard in ranges:
-            samples = tarfile_samples([shard.url], handler=self._handle)
-            try:
-                for sample in islice(samples, shard.start, shard.stop):
-                    self.where.url, self.where.member = sample.get("__url__"), sample.get("__key__")
-                    yield sample
-            finally:
-                samples.close()
+        for sample in read_ranges(ranges, self._handle, self.config.cache_dir):
+            self.where.url, self.where.member = sample.get("__url__"), sample.get("__key__")
+            yield sample
 
     def run(self):
         """Fill and announce this epoch's batches; the ``WorkerDone`` to send at the end."""
@@ -340,17 +337,3 @@ def _field_value(sample, ext, spec, url, key):
         return np.array(data.decode().split(), dtype=spec.dtype).reshape(spec.shape)
     except ValueError as exn:
         raise SampleError(f"field {ext!r} is neither .npy data nor numbers of shape {spec.shape}", url, key) from exn
-
-
-def _shuffled(samples, size, rng):
-    """Samples in a random order from a buffer of ``size``; all of them, each once."""
-    buffer = []
-    for sample in samples:
-        if len(buffer) < size:
-            buffer.append(sample)
-            continue
-        i = rng.randrange(size)
-        buffer[i], sample = sample, buffer[i]
-        yield sample
-    rng.shuffle(buffer)
-    yield from buffer

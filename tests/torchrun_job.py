@@ -1,0 +1,86 @@
+"""A training loop in miniature, run under torchrun by tests/test_distributed.py.
+
+Each rank reads its batches from a ``WebLoader`` over ``ExactSamples`` or from a
+``FastLoader``, makes one collective call per batch (as DDP's gradient
+all-reduce does: a rank with fewer batches would hang the others), and logs
+the keys of every batch. ``--checkpoint-at`` saves the loader's state after
+that many batches, ``--kill-at`` then SIGKILLs every rank mid-epoch, and
+``--resume`` starts from the saved state. Rank 0 writes every rank's batch
+count at the end.
+"""
+
+import argparse
+import json
+import os
+import signal
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import wdsmp as wds
+
+
+def _loader(args, rank):
+    cache_dir = None if args.cache_dir is None else os.path.join(args.cache_dir, f"rank{rank}")
+    if args.loader == "fast":
+        return wds.FastLoader(args.index, batch_size=args.batch, num_workers=args.workers, image_size=16,
+                              keys=True, cache_dir=cache_dir)
+    source = wds.ExactSamples(args.index, batch_size=args.batch, shuffle_buffer=8, cache_dir=cache_dir)
+    dataset = wds.WebDataset(source).to_tuple("__key__", "cls").batched(args.batch, partial=False)
+    return wds.WebLoader(dataset, batch_size=None, num_workers=args.workers)
+
+
+def _save(state, path):
+    with open(path + ".tmp", "w") as stream:
+        json.dump(state, stream)
+    os.replace(path + ".tmp", path)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--loader", choices=["pipeline", "fast"], required=True)
+    parser.add_argument("--index", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--tag", required=True)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--epoch", type=int, default=1)
+    parser.add_argument("--checkpoint-at", type=int)
+    parser.add_argument("--kill-at", type=int)
+    parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--cache-dir")
+    args = parser.parse_args()
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    state_path = os.path.join(args.out, f"state-rank{rank}.json")
+    loader = _loader(args, rank)
+    if args.resume:
+        with open(state_path) as stream:
+            loader.load_state_dict(json.load(stream))
+    loader.set_epoch(args.epoch)
+    count = 0
+    with open(os.path.join(args.out, f"keys-{args.tag}-rank{rank}.txt"), "w") as log:
+        for batch in loader:
+            keys = batch.keys if args.loader == "fast" else batch[0]
+            dist.all_reduce(torch.ones(1))
+            count += 1
+            log.write(" ".join(keys) + "\n")
+            log.flush()
+            if count == args.checkpoint_at:
+                _save(loader.state_dict(), state_path)
+            if count == args.kill_at:
+                dist.barrier()
+                os.kill(os.getpid(), signal.SIGKILL)
+    counts = [None] * world_size
+    dist.all_gather_object(counts, count)
+    if rank == 0:
+        _save({"counts": counts, "len": len(loader)}, os.path.join(args.out, f"done-{args.tag}.json"))
+    if args.loader == "fast":
+        loader.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,319 @@
+"""Exact, resumable epochs for the reference path: ``DataPipeline`` and ``WebLoader`` under
+``torchrun``, with FastLoader's plan.
+
+webdataset splits whole shards between nodes and workers, so ranks end an
+epoch with different numbers of batches (DDP then waits forever on the rank
+that ran out) and a stopped run cannot say where it was. ``ExactSamples`` is
+a pipeline source that reads this rank's and worker's part of the plan of
+``fast/plan.py`` instead: every sample once per epoch, the same number of
+full batches on every rank. A pipeline on it counts the batches it hands
+out, so ``state_dict()`` says where the epoch stands and
+``load_state_dict()`` goes on from there.
+
+NOTE [exact epochs in the reference path]
+    * Streams. An epoch is planned for S streams, S being the number of
+      DataLoader workers when the epoch starts (1 without workers). Stream s
+      is region s of the plan with S workers: a whole number of batches of
+      samples, read front to back, through a buffer shuffle seeded by
+      (seed, epoch, rank, s) when ``shuffle_buffer`` > 0. Batch d of the
+      rank's epoch is batch d // S of stream d % S.
+    * Workers. With D batches handed out, the m-th remaining batch
+      (d = D + m) is made by worker m % W of the W workers now running: it
+      yields samples [k * B, (k + 1) * B) of the batch's stream and reads
+      past (never yields) those of other workers' batches. The workers'
+      shares differ by at most one, the first ones having more, so the
+      DataLoader's round robin hands out batches D, D + 1, ...: the order of
+      a run that was never stopped, whatever W is after a restart.
+    * The contract. A batch must be ``batch_size`` consecutive samples of the
+      source: the stages up to ``batched(batch_size)`` map one sample to one
+      (decode, to_tuple, map). A stage or handler that drops samples shifts
+      the batches: the pipeline then still hands out the planned number of
+      batches, repeating the last one, with a warning (so no DDP rank waits),
+      but a resume is no longer exact. Shuffle with ``shuffle_buffer``: a
+      later ``.shuffle()`` mixes samples across batches and is refused.
+    * State. ``{"epoch", "batches_done", "streams", ...}``, counted where the
+      batches are handed out: the pipeline iterated in the main process, or
+      the ``WebLoader`` around the DataLoader.
+"""
+
+import random
+import warnings
+from dataclasses import replace
+from itertools import islice
+
+from torch.utils.data import DataLoader, IterableDataset
+
+from .handlers import reraise_exception
+from .shardindex import shard_counts
+from .tariterators import tarfile_samples
+from .utils import make_seed, pytorch_worker_info
+
+__all__ = ["ExactSamples", "buffer_shuffled", "read_ranges"]
+
+
+def read_ranges(ranges, handler=reraise_exception, cache_dir=None):
+    """The samples of each ``plan.ShardRange`` in turn: samples ``[start, stop)`` of its shard,
+    opened directly or from the shard cache in ``cache_dir``.
+
+    A range often ends before its shard does (a shard split between ranks or
+    workers), and the cache keeps only shards read to their end, so a shard
+    to be cached is first fetched whole: the rest of it is the next range's.
+    """
+    for shard in ranges:
+        if cache_dir is None:
+            samples = tarfile_samples([shard.url], handler=handler)
+        else:
+            from .cache import FileCache, cached_tarfile_samples
+
+            try:
+                FileCache(cache_dir).get_file(shard.url)
+            except Exception as exn:
+                if handler(exn):
+                    continue
+                raise
+            samples = cached_tarfile_samples([shard.url], handler=handler, cache_dir=cache_dir)
+        try:
+            yield from islice(samples, shard.start, shard.stop)
+        finally:
+            samples.close()
+
+
+def buffer_shuffled(samples, size, rng):
+    """``samples`` in a random order through a buffer of ``size``: all of them, each once, the
+    order fixed by ``rng``."""
+    buffer = []
+    for sample in samples:
+        if len(buffer) < size:
+            buffer.append(sample)
+            continue
+        i = rng.randrange(size)
+        buffer[i], sample = sample, buffer[i]
+        yield sample
+    rng.shuffle(buffer)
+    yield from buffer
+
+
+class _Stream:
+    """One stream of the plan (a worker region of it), read forward batch by batch."""
+
+    def __init__(self, part, batch_size, shuffle_buffer, handler, cache_dir, first_batch):
+        self.batch_size = batch_size
+        if shuffle_buffer > 1:  # the order depends on everything before: replay from the start
+            samples = read_ranges(part.shards(resume=False), handler, cache_dir)
+            samples = buffer_shuffled(samples, shuffle_buffer, random.Random(make_seed(part.seed, "shuffle")))
+            self.position = 0
+        else:  # skip the first batches by count
+            samples = read_ranges(replace(part, skip_batches=first_batch).shards(), handler, cache_dir)
+            self.position = first_batch * batch_size
+        self.samples = samples
+
+    def batch(self, k):
+        """The samples of the stream's batch ``k`` (``k`` never below an earlier call's)."""
+        start = k * self.batch_size
+        for _ in islice(self.samples, start - self.position):
+            pass
+        self.position = start + self.batch_size
+        return islice(self.samples, self.batch_size)
+
+    def close(self):
+        self.samples.close()
+
+
+class ExactSamples(IterableDataset):
+    """Pipeline source for exact epochs: this rank's and worker's samples of the epoch's plan, in
+    the order that makes every rank's batches the same in number and resumable; see NOTE [exact
+    epochs in the reference path].
+
+    ::
+
+        source = wds.ExactSamples("shards/index.json", batch_size=64, shuffle_buffer=1000)
+        dataset = wds.DataPipeline(source, wds.decode("pil"), wds.to_tuple("jpg", "cls"),
+                                   wds.map_tuple(transform, None), wds.batched(64, partial=False))
+        loader = wds.WebLoader(dataset, batch_size=None, num_workers=4)
+        loader.load_state_dict(checkpoint["loader"])  # when resuming
+        for epoch in range(start_epoch, epochs):
+            loader.set_epoch(epoch)
+            for images, labels in loader: ...         # len(loader) batches on every rank
+            checkpoint["loader"] = loader.state_dict()
+
+    ``urls``: a shard index (``.json``, as ``ShardWriter(index=...)`` writes),
+    or ``(url, count)`` pairs, or a shard spec with ``index`` naming the index
+    that has the counts: sample counts are what make the split exact.
+    ``policy``: "drop" (every rank reads floor(N / world) samples, rounded
+    down to whole batches; the rest, different each epoch, is read by nobody)
+    or "pad" (rounded up; samples from the start of the epoch's order fill
+    it). ``shuffle``: shard order from (seed, epoch). ``shuffle_buffer``:
+    samples shuffled within each stream. ``rank``/``world_size``: default
+    from torch.distributed or ``RANK``/``WORLD_SIZE``. ``cache_dir``: keep a
+    local copy of each remote shard read (per node, shared by its workers).
+    """
+
+    def __init__(self, urls, batch_size, *, index=None, seed=0, policy="drop", shuffle=True,
+                 shuffle_buffer=0, handler=reraise_exception, rank=None, world_size=None, cache_dir=None):
+        from .fast.plan import POLICIES
+
+        super().__init__()
+        self.shards = tuple(shard_counts(urls, index))
+        unknown = [url for url, count in self.shards if count is None]
+        if unknown:
+            raise ValueError(f"ExactSamples needs the sample count of every shard ({len(unknown)} unknown, "
+                             f"e.g. {unknown[0]!r}): give a shard index (.json) or (url, count) pairs")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, not {batch_size!r}")
+        if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+            raise ValueError(f"shuffle_buffer must be an int >= 0, not {shuffle_buffer!r}")
+        if policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
+        self.batch_size, self.seed, self.policy = batch_size, seed, policy
+        self.shuffle, self.shuffle_buffer = bool(shuffle), shuffle_buffer
+        self.handler, self.cache_dir = handler, cache_dir
+        self._rank, self._world_size = rank, world_size
+        self.epoch = 0
+        self.resume = None  # a loaded state, for its epoch
+        self.plan(1)  # bad arguments (rank, too few samples) fail here, not in a worker
+
+    def node(self):
+        """``(rank, world_size)``: as given, else from torch.distributed or the environment."""
+        rank, world_size, _, _ = pytorch_worker_info()
+        return (rank if self._rank is None else self._rank,
+                world_size if self._world_size is None else self._world_size)
+
+    def plan(self, streams):
+        """This rank's plan of the current epoch, for ``streams`` streams (``fast.plan.EpochPlan``)."""
+        from .fast.plan import plan_epoch
+
+        rank, world_size = self.node()
+        return plan_epoch(self.shards, self.epoch, batch_size=self.batch_size, seed=self.seed, rank=rank,
+                          world_size=world_size, num_workers=streams, policy=self.policy, shuffle=self.shuffle)
+
+    def __len__(self):
+        """Batches per rank in an epoch (the same on every rank)."""
+        return self.plan(1).batches_per_rank
+
+    def set_epoch(self, epoch):
+        """Make the next iteration epoch ``epoch``; a loaded state of another epoch is dropped."""
+        self.epoch = int(epoch)
+        if self.resume is not None and self.resume["epoch"] != self.epoch:
+            self.resume = None
+
+    def start(self, num_workers):
+        """``(batches_done, streams)`` where the current epoch starts with ``num_workers``
+        DataLoader workers (0: none): a loaded state's, else the beginning."""
+        if self.resume is not None and self.resume["epoch"] == self.epoch:
+            return self.resume["batches_done"], self.resume["streams"]
+        return 0, max(1, num_workers)
+
+    def state(self, batches_done, streams):
+        """The state a pipeline saves after ``batches_done`` batches of the current epoch."""
+        rank, world_size = self.node()
+        return {"epoch": self.epoch, "batches_done": batches_done, "streams": streams,
+                "batch_size": self.batch_size, "seed": self.seed, "policy": self.policy,
+                "shards": len(self.shards), "rank": rank, "world_size": world_size}
+
+    def load_state_dict(self, state):
+        """Continue from ``state`` (``state_dict()`` of a pipeline on an identical source) at the
+        next iteration; ValueError if it was saved with other settings or does not fit."""
+        mine = self.state(0, 1)
+        for name in ("batch_size", "seed", "policy", "shards", "rank", "world_size"):
+            if state.get(name) != mine[name]:
+                raise ValueError(f"state was saved with {name}={state.get(name)!r}, this source has "
+                                 f"{mine[name]!r}: resuming exactly needs the same shards and settings")
+        epoch, done, streams = state["epoch"], state["batches_done"], state["streams"]
+        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+            raise ValueError(f"state has streams={streams!r}, not an int >= 1")
+        self.epoch = int(epoch)
+        total = self.plan(streams).batches_per_rank
+        if isinstance(done, bool) or not isinstance(done, int) or not 0 <= done <= total:
+            raise ValueError(f"state has batches_done={done!r}, not within the epoch's {total} batches")
+        self.resume = {"epoch": self.epoch, "batches_done": done, "streams": streams}
+
+    def __iter__(self):
+        _, _, worker, num_workers = pytorch_worker_info()
+        inside = _in_dataloader_worker()
+        done, nstreams = self.start(num_workers if inside else 0)
+        worker, num_workers = (worker, num_workers) if inside else (0, 1)
+        plan = self.plan(nstreams)
+        streams = {}
+        try:
+            for d in range(done + worker, plan.batches_per_rank, num_workers):
+                s, k = d % nstreams, d // nstreams
+                if s not in streams:
+                    streams[s] = _Stream(plan.workers[s], self.batch_size, self.shuffle_buffer, self.handler,
+                                         self.cache_dir, k)
+                yield from streams[s].batch(k)
+        finally:
+            for stream in streams.values():
+                stream.close()
+
+
+def _in_dataloader_worker():
+    from torch.utils.data import get_worker_info
+
+    return get_worker_info() is not None
+
+
+def source_of(pipeline):
+    """The ``ExactSamples`` a pipeline reads from (directly, or through the DataLoader a
+    ``WebLoader`` wraps), or None."""
+    stages = getattr(pipeline, "pipeline", None)
+    if not stages:
+        return None
+    first = stages[0]
+    if isinstance(first, DataLoader):
+        first = first.dataset
+        if isinstance(first, ExactSamples):
+            return first
+        return source_of(first)
+    return first if isinstance(first, ExactSamples) else None
+
+
+def check_stage(pipeline, stage):
+    """Refuse a shuffle appended to a pipeline on ``ExactSamples`` (NOTE [exact epochs ...])."""
+    from . import filters
+    from ._stages import Curried
+
+    shuffles = (isinstance(stage, Curried) and stage.f is filters._shuffle) or isinstance(stage, filters.detshuffle)
+    if shuffles and isinstance(pipeline.pipeline[0], ExactSamples):
+        raise ValueError("a .shuffle() stage after ExactSamples mixes samples across batches, so epochs "
+                         "are no longer exact nor resumable: use ExactSamples(..., shuffle_buffer=n)")
+
+
+def handed_out(pipeline, source, batches):
+    """The pipeline's batches for one epoch, counted into ``pipeline.position``; exactly the planned
+    number of them (NOTE [exact epochs in the reference path])."""
+    loader = pipeline.pipeline[0]
+    num_workers = loader.num_workers if isinstance(loader, DataLoader) else 0
+    if isinstance(loader, DataLoader) and loader.persistent_workers:
+        raise ValueError("persistent_workers=True keeps the workers' copy of the dataset from the first "
+                         "epoch, so set_epoch() and load_state_dict() would not reach it: with ExactSamples "
+                         "leave persistent_workers off")
+    done, streams = source.start(num_workers)
+    total = len(source)
+    epoch = source.epoch
+    pipeline.position = (epoch, done, streams)
+    last, iterator = None, batches()
+    try:
+        for batch in iterator:
+            if done == total:
+                warnings.warn(f"the pipeline made more than the {total} batches planned for epoch {epoch}: "
+                              f"does it end with batched({source.batch_size})? The rest are not handed out")
+                return
+            done += 1
+            pipeline.position = (epoch, done, streams)
+            last = batch
+            yield batch
+        if done < total:
+            if last is None:
+                raise ValueError(f"the pipeline made no batch of the {total} planned for epoch {epoch}")
+            warnings.warn(f"the pipeline made {total - done} fewer batches than the {total} planned for "
+                          f"epoch {epoch} (a stage or the handler dropped samples): the last batch is "
+                          f"repeated so that every rank hands out {total}, and a resume from this "
+                          f"epoch is no longer exact")
+            while done < total:
+                done += 1
+                pipeline.position = (epoch, done, streams)
+                yield last
+    finally:
+        close = getattr(iterator, "close", None)
+        if close is not None:
+            close()
