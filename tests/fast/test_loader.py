@@ -344,9 +344,31 @@ def test_resume_gives_exactly_the_rest(shards):
         loader.load_state_dict(state)
         rest = _keys(loader)[0]
     assert head + rest == whole
-    with _loader(index, keys=True, seed=5, num_workers=1) as loader:
-        with pytest.raises(ValueError, match="num_workers"):
-            loader.load_state_dict(state)
+
+
+
+@pytest.mark.parametrize("num_workers", [1, 3])
+def test_resume_with_another_worker_count_gives_exactly_the_rest(shards, num_workers):
+    """The epoch's two streams are shared out whole: the rest comes in another order, each once;
+    and a second resume, from a state saved by the resumed loader, is exact too."""
+    _, index, _ = shards
+    with _loader(index, keys=True, seed=5) as loader:
+        whole, sizes = _keys(loader)
+        loader.set_epoch(0)
+        iterator = iter(loader)
+        head = [k for _ in range(3) for k in next(iterator).keys]
+        state = loader.state_dict()
+    with _loader(index, keys=True, seed=5, num_workers=num_workers) as loader:
+        loader.load_state_dict(state)
+        iterator = iter(loader)
+        middle = [k for _ in range(4) for k in next(iterator).keys]
+        state = loader.state_dict()
+    assert state["batches_done"] == 7 and len(state["worker_batches"]) == 2
+    with _loader(index, keys=True, seed=5, num_workers=2) as loader:
+        loader.load_state_dict(state)
+        rest, rest_sizes = _keys(loader)
+    assert sorted(head + middle + rest) == sorted(whole) and len(head + middle + rest) == len(whole)
+    assert len(rest_sizes) == len(sizes) - 7
 
 
 def test_resampled_epochs_have_the_asked_length(shards):

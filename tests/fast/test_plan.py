@@ -151,8 +151,18 @@ def test_resume_at_the_end_of_an_epoch_is_empty_and_past_it_is_an_error():
     assert plan_epoch([("a", 8)], PlanPosition(0, 4), **config).remaining == 0
     with pytest.raises(ValueError, match="past the end of the epoch"):
         plan_epoch([("a", 8)], PlanPosition(0, 5), **config)
-    with pytest.raises(ValueError, match="not the round-robin share"):
+    with pytest.raises(ValueError, match=r"worker_batches \(3, 0\) do not fit the plan's 2 streams of \(2, 2\)"):
         plan_epoch([("a", 8)], PlanPosition(0, 3, (3, 0)), **config)
+    with pytest.raises(ValueError, match="do not fit the plan's 2 streams"):
+        plan_epoch([("a", 8)], PlanPosition(0, 3, (1, 1, 1)), **config)
+
+
+def test_a_position_may_have_any_split_of_batches_between_streams():
+    """After a resume with another worker count, streams advance at their own pace."""
+    config = dict(batch_size=2, num_workers=2)
+    plan = plan_epoch([("a", 8)], PlanPosition(0, 2, (2, 0)), **config)
+    assert [w.skip_batches for w in plan.workers] == [2, 0] and plan.remaining == 2
+    assert [list(w.shards()) for w in plan.workers] == [[], list(plan.workers[1].ranges)]
 
 
 # -- determinism
@@ -288,7 +298,7 @@ def test_resampled_with_unknown_counts_discards():
     (["a"], dict(batch_size=1, resampled=True), "epoch_batches"),
     ([("a", 0)], dict(batch_size=1, resampled=True, epoch_batches=2), "hold no samples"),
     (["a"], dict(batch_size=1, resampled=True, epoch_batches=2, num_workers=2,
-                 position=PlanPosition(0, 1, (0, 1))), "not the round-robin share"),
+                 position=PlanPosition(0, 2, (0, 2))), "do not fit the plan's 2 streams"),
 ])
 def test_bad_arguments(args, kwargs, match):
     position = kwargs.pop("position", 0)

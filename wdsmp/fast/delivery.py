@@ -20,17 +20,18 @@ class Progress:
 
     def __init__(self, plan, workers):
         self.epoch, self.workers = plan.epoch, workers
+        # Per stream (a worker's part of the plan; NOTE [plan: exactly once, equal batches]):
         self.delivered = [part.skip_batches for part in plan.workers]  # taken off the queue
         self.handed = list(self.delivered)  # given to the user (``.cuda()`` takes some ahead)
-        # Items of each worker's sample stream behind the handed batches (BatchReady.consumed).
+        # Items of each sample stream behind the handed batches (BatchReady.consumed).
         self.consumed = [part.consumed if part.consumed is not None else part.skip_batches * plan.batch_size
                          for part in plan.workers]
         self.finished = False  # no more batches will come
         self.complete = False  # ... and all were handed out: ``state_dict`` moves to the next epoch
 
     def hand(self, message):
-        self.handed[message.worker] += 1
-        self.consumed[message.worker] = message.consumed
+        self.handed[message.stream] += 1
+        self.consumed[message.stream] = message.consumed
         self.complete = self.finished and self.handed == self.delivered
 
     def abandon(self):
@@ -41,13 +42,14 @@ class Progress:
 
 
 class EpochIterator:
-    """Delivers one epoch's batches in order (NOTE [loader protocol])."""
+    """Delivers one epoch's batches in order (NOTE [loader protocol]); ``streams[w]`` are the
+    streams worker w runs, one after the other."""
 
-    def __init__(self, loader, workers, plan):
-        self.loader, self.workers, self.plan = loader, workers, plan
+    def __init__(self, loader, workers, plan, streams):
+        self.loader, self.workers, self.plan, self.streams = loader, workers, plan, streams
         self.progress = Progress(plan, workers)
         self.delivered = self.progress.delivered
-        self.total = [None] * plan.num_workers  # each worker's batch count, once it is done
+        self.total = [None] * plan.num_workers  # each stream's batch count, once it is done
         self.pending = {}
         self.held = None
 
@@ -87,11 +89,12 @@ class EpochIterator:
             if worker is None:
                 self._finish()
                 raise StopIteration
-            message = self.pending.pop((worker, self.delivered[worker]), None)
+            stream = self._current(worker)
+            message = self.pending.pop((stream, self.delivered[stream]), None)
             if message is not None:
                 break
             self._receive(worker, started)
-        self.delivered[worker] += 1
+        self.delivered[stream] += 1
         self.loader._delivered(message, time.monotonic() - started)
         return message
 
@@ -100,10 +103,15 @@ class EpochIterator:
         if not self.workers.broken:
             self.workers.free[message.worker].put(message.slot)
 
+    def _current(self, worker):
+        """The stream ``worker`` is on: its first one not known to be done; None if all are."""
+        return next((s for s in self.streams[worker] if self.total[s] is None or self.delivered[s] < self.total[s]),
+                    None)
+
     def _next_worker(self):
         """The unfinished worker that delivered the fewest batches; None when all are done."""
-        candidates = [w for w, n in enumerate(self.delivered) if self.total[w] is None or n < self.total[w]]
-        return min(candidates, key=lambda w: (self.delivered[w], w)) if candidates else None
+        candidates = [w for w in range(len(self.streams)) if self._current(w) is not None]
+        return min(candidates, key=lambda w: (sum(self.delivered[s] for s in self.streams[w]), w), default=None)
 
     def _receive(self, waiting_for, started):
         """Take one message off the ready queue; raise when a worker failed, died or timed out."""
@@ -116,9 +124,9 @@ class EpochIterator:
 
     def _dispatch(self, message):
         if isinstance(message, BatchReady):
-            self.pending[(message.worker, message.index)] = message
+            self.pending[(message.stream, message.index)] = message
         elif isinstance(message, WorkerDone):
-            self.total[message.worker] = message.batches
+            self.total[message.stream] = message.batches
             self.loader._stats["skipped"] += message.skipped
             self.loader._stats["padded"] += message.padded
         elif isinstance(message, WorkerWarning):
@@ -137,12 +145,14 @@ class EpochIterator:
             worker, code = dead[0]
             pid = self.workers.pool.pids()[worker]
             self._fail(WorkerError(f"loader worker {worker} (pid {pid}) died with {_pool.describe_exit(code)} "
-                                   f"during epoch {self.plan.epoch}, after delivering {self.delivered[worker]} "
-                                   f"batches; the epoch cannot be completed"))
+                                   f"during epoch {self.plan.epoch}, after delivering "
+                                   f"{sum(self.delivered[s] for s in self.streams[worker])} batches; "
+                                   f"the epoch cannot be completed"))
         timeout = self.loader.timeout
         if timeout is not None and time.monotonic() - started > timeout:
+            stream = self._current(waiting_for)
             self._fail(TimeoutError(f"no batch from loader worker {waiting_for} for {timeout} s "
-                                    f"(epoch {self.plan.epoch}, batch {self.delivered[waiting_for]} of that worker)"))
+                                    f"(epoch {self.plan.epoch}, batch {self.delivered[stream]} of its stream {stream})"))
 
     def _fail(self, error):
         self.held = None

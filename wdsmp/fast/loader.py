@@ -63,7 +63,7 @@ from . import pool as _pool
 from .layout import BatchLayout, FieldSpec
 from .delivery import EpochIterator
 from .messages import Stop
-from .plan import POLICIES, PlanPosition, plan_epoch
+from .plan import POLICIES, PlanPosition, plan_epoch, streams_of_workers
 from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
 from .worker import IMAGES, KEYS, LABELS, DecodeOptions, WorkerConfig, worker_main
 
@@ -285,11 +285,15 @@ class FastLoader:
 
     def plan(self, position=None):
         """This rank's ``EpochPlan`` of epoch ``position`` (default: the next one; or a
-        ``PlanPosition``): what each worker reads (see ``plan.py``)."""
+        ``PlanPosition``): what each stream reads (see ``plan.py``). A position counts the
+        streams the epoch started with; a new epoch has one per worker."""
         if position is None:
             position = self.epoch
+        streams = self.num_workers
+        if isinstance(position, PlanPosition) and position.worker_batches is not None:
+            streams = len(position.worker_batches)
         return plan_epoch(self.shards, position, batch_size=self.batch_size, seed=self.seed, rank=self.rank,
-                          world_size=self.world_size, num_workers=self.num_workers, policy=self.policy,
+                          world_size=self.world_size, num_workers=streams, policy=self.policy,
                           shuffle=self.shuffle, resampled=self.resampled, epoch_batches=self.epoch_batches)
 
     def set_epoch(self, epoch):
@@ -323,11 +327,12 @@ class FastLoader:
         workers = self._state.workers
         if workers is None or workers.broken:
             workers = self._state.start(self._config, self.num_workers, self.prefetch, self._start_method)
-        for w, part in enumerate(plan.workers):
-            workers.tasks[w].put(part)
+        streams = streams_of_workers(plan.num_workers, self.num_workers)
+        for w, mine in enumerate(streams):
+            workers.tasks[w].put(tuple(plan.workers[s] for s in mine))
         if self._started is None:
             self._started = time.monotonic()
-        iterator = EpochIterator(self, workers, plan)
+        iterator = EpochIterator(self, workers, plan, streams)
         self._progress = iterator.progress
         return iterator
 
@@ -335,7 +340,9 @@ class FastLoader:
         """Where this loader stands: the epoch and the batches handed out in it (also after an
         error ended it). Give it to ``load_state_dict`` of a loader with the same shards and
         settings to go on with exactly the batches not yet seen, also when stages or the
-        handler drop samples (each worker's position in its sample stream is part of the state)."""
+        handler drop samples (each worker's position in its sample stream is part of the
+        state), and also with another ``num_workers``: the epoch's streams are then shared
+        out whole (``plan.streams_of_workers``), so the rest comes in another order."""
         progress = self._progress
         if self._resume is not None:
             epoch, delivered, consumed = self._resume.epoch, self._resume.worker_batches, self._resume.worker_consumed
@@ -345,12 +352,12 @@ class FastLoader:
             epoch, delivered, consumed = self.epoch, (0,) * self.num_workers, (0,) * self.num_workers
         return {"epoch": epoch, "batches_done": sum(delivered), "worker_batches": list(delivered),
                 "worker_consumed": None if consumed is None else list(consumed),
-                "num_workers": self.num_workers, "batch_size": self.batch_size, "seed": self.seed,
-                "rank": self.rank, "world_size": self.world_size}
+                "batch_size": self.batch_size, "seed": self.seed, "rank": self.rank,
+                "world_size": self.world_size}
 
     def load_state_dict(self, state):
         """Make the next ``iter()`` continue where ``state`` (from ``state_dict``) stood."""
-        for name in ("num_workers", "batch_size", "seed", "rank", "world_size"):
+        for name in ("batch_size", "seed", "rank", "world_size"):
             if state.get(name) != getattr(self, name):
                 raise ValueError(f"state was saved with {name}={state.get(name)!r}, this loader has "
                                  f"{getattr(self, name)!r}: resuming exactly needs the same settings")

@@ -17,12 +17,14 @@ __all__ = ["BatchReady", "Stop", "WorkerDone", "WorkerFailed", "WorkerWarning"]
 
 @dataclass(frozen=True)
 class BatchReady:
-    """Worker ``worker`` filled ring slot ``slot`` with its batch number ``index`` of ``epoch``.
+    """Worker ``worker`` filled ring slot ``slot`` with batch number ``index`` of its stream
+    ``stream`` (the plan's part it is reading) of ``epoch``.
 
-    ``index`` counts the worker's own batches (0, 1, ...; those delivered
-    before a resume included), so the loader can deliver in the plan's round
-    robin order in every mode (NOTE [plan: exactly once, equal batches]; with
-    known counts it is the rank's batch ``worker + index * num_workers``).
+    ``index`` counts the stream's batches (0, 1, ...; those delivered before
+    a resume included), so the loader can deliver in the plan's round robin
+    order in every mode (NOTE [plan: exactly once, equal batches]; with known
+    counts and one stream per worker it is the rank's batch ``stream + index
+    * num_workers``).
     ``count`` is how many rows of the slot hold samples (a worker's last batch
     may be short when sample counts are unknown). ``consumed`` is how many
     items the worker had taken from its sample stream when the batch was
@@ -35,12 +37,14 @@ class BatchReady:
     index: int
     count: int
     consumed: int = 0
+    stream: int = 0
 
 
 @dataclass(frozen=True)
 class WorkerDone:
-    """Worker ``worker`` finished ``epoch``: its batch count (those delivered before a resume
-    included), the samples it wrote, those its handler skipped, and the rows it padded."""
+    """Worker ``worker`` finished its stream ``stream`` of ``epoch``: the stream's batch count
+    (those delivered before a resume included), the samples it wrote, those its handler
+    skipped, and the rows it padded."""
 
     worker: int
     epoch: int
@@ -48,6 +52,7 @@ class WorkerDone:
     samples: int
     skipped: int
     padded: int = 0
+    stream: int = 0
 
 
 def _type_name(exn_type):

@@ -34,9 +34,15 @@ NOTE [plan: exactly once, equal batches]
       ``WorkerPlan.shards()`` starts after them. A worker that reorders
       samples within its region (a shuffle buffer) must instead replay
       ``shards(resume=False)`` and drop its first ``skip_batches`` batches.
-      Resuming needs the same shards, seed, world size, workers, batch size
-      and policy; a position that carries ``worker_batches`` is checked
-      against ``num_workers``.
+      Resuming needs the same shards, seed, world size, batch size and
+      policy; a position that carries ``worker_batches`` is checked against
+      ``num_workers``.
+    * Streams. A worker's part is also called a stream: its region read in
+      order, with its own seed. A loader resumed with a different number of
+      workers keeps the epoch's streams (as many as the workers it started
+      with) and gives each worker whole streams (``streams_of_workers``),
+      so every stream goes on from where it stood and the epoch stays exact;
+      its remaining batches then come in another order.
     * "shards" mode (some count unknown): shard granularity. The epoch's
       order is cut into world equal runs of whole shards: floor(S / world)
       each (drop, the rest in ``dropped``) or ceil(S / world) (pad, repeated
@@ -71,6 +77,7 @@ __all__ = [
     "round_robin_share",
     "shard_order",
     "shard_table",
+    "streams_of_workers",
 ]
 
 POLICIES = ("drop", "pad")
@@ -146,6 +153,12 @@ def round_robin_share(batches, num_workers):
     """How many of ``batches`` batches dealt round robin each of ``num_workers`` workers gets."""
     quotient, remainder = divmod(batches, num_workers)
     return tuple(quotient + (w < remainder) for w in range(num_workers))
+
+
+def streams_of_workers(num_streams, num_workers):
+    """The streams each of ``num_workers`` workers runs, one after the other: stream s goes to
+    worker s % num_workers (NOTE [plan: exactly once, equal batches], Streams)."""
+    return tuple(tuple(range(w, num_streams, num_workers)) for w in range(num_workers))
 
 
 def shard_order(nshards, seed, epoch, shuffle=True):
@@ -279,14 +292,16 @@ def _slice(entries, cum, start, stop):
     return tuple(ranges)
 
 
-def _consumed(position, num_workers):
-    """Per-worker delivered batches of an exact-mode position (checked against its worker_batches)."""
-    derived = round_robin_share(position.batches_done, num_workers)
-    if position.worker_batches is not None and position.worker_batches != derived:
-        raise ValueError(f"position's worker_batches {position.worker_batches} are not the round-robin "
-                         f"share {derived} of {position.batches_done} batches over {num_workers} workers: "
-                         f"was it saved with other loader settings?")
-    return derived
+def _consumed(position, shares):
+    """Per-stream delivered batches of an exact-mode position: its ``worker_batches`` (each
+    within its stream's ``shares``), else the round-robin share of ``batches_done``."""
+    if position.worker_batches is None:
+        return round_robin_share(position.batches_done, len(shares))
+    done = position.worker_batches
+    if len(done) != len(shares) or any(d > n for d, n in zip(done, shares)):
+        raise ValueError(f"position's worker_batches {done} do not fit the plan's {len(shares)} streams of "
+                         f"{shares} batches: was it saved with other loader settings?")
+    return done
 
 
 def _samples_plan(table, order, position, rank, world, nworkers, bsize, policy):
@@ -307,7 +322,8 @@ def _samples_plan(table, order, position, rank, world, nworkers, bsize, policy):
     nbatches = budget // bsize
     if position.batches_done > nbatches:
         raise ValueError(f"position {position} is past the end of the epoch ({nbatches} batches per rank)")
-    shares, done = round_robin_share(nbatches, nworkers), _consumed(position, nworkers)
+    shares = round_robin_share(nbatches, nworkers)
+    done = _consumed(position, shares)
     regions, start = [], rank * budget
     for w in range(nworkers):
         regions.append(_slice(entries, cum, start, start + shares[w] * bsize))
@@ -383,7 +399,8 @@ def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_wor
             raise ValueError("the shards hold no samples")
         if position.batches_done > nbatches:
             raise ValueError(f"position {position} is past the end of the epoch ({nbatches} batches per rank)")
-        shares, done = round_robin_share(nbatches, nworkers), _consumed(position, nworkers)
+        shares = round_robin_share(nbatches, nworkers)
+        done = _consumed(position, shares)
         workers = tuple(WorkerPlan("resampled", epoch, rank, w, nworkers, bsize, seeds[w], (), shares[w], done[w],
                                    0 if known else done[w] * bsize, table) for w in range(nworkers))
         return EpochPlan("resampled", epoch, rank, world, nworkers, bsize, policy, nbatches,

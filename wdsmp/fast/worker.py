@@ -87,8 +87,9 @@ class _Stopped(Exception):
 
 
 def worker_main(worker, config, tasks, free, ready, stop):
-    """Serve epochs: take a ``WorkerPlan`` from ``tasks``, fill slots taken from ``free``,
-    announce them on ``ready``; until ``Stop``, the ``stop`` event, or the loader's death."""
+    """Serve epochs: take the ``WorkerPlan`` of each stream to run from ``tasks`` (a tuple), fill
+    slots taken from ``free``, announce them on ``ready``; until ``Stop``, the ``stop`` event,
+    or the loader's death."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
     threading.Thread(target=_watch_parent, daemon=True, name="wdsmp-parent-watch").start()
 
@@ -104,10 +105,11 @@ def worker_main(worker, config, tasks, free, ready, stop):
         return
     try:
         while True:
-            plan = _wait(tasks, stop)
-            if isinstance(plan, Stop):
+            parts = _wait(tasks, stop)
+            if isinstance(parts, Stop):
                 return
-            ready.put(_Epoch(worker, config, plan, ring, free, ready, stop, where).run())
+            for plan in parts:
+                ready.put(_Epoch(worker, config, plan, ring, free, ready, stop, where).run())
     except _Stopped:
         return
     except BaseException as exn:
@@ -159,7 +161,7 @@ def _located(exn, sample):
 
 
 class _Epoch:
-    """One epoch of one worker (NOTE [full batches])."""
+    """One stream of an epoch, run by one worker (NOTE [full batches])."""
 
     def __init__(self, worker, config, plan, ring, free, ready, stop, where):
         self.worker, self.config, self.plan = worker, config, plan
@@ -248,7 +250,7 @@ class _Epoch:
                 self._pad(arrays, rows)
                 self._publish(slot, arrays, index, size)
                 index, slot, rows = index + 1, None, 0
-        return WorkerDone(self.worker, plan.epoch, index, self.samples, self.skipped, self.padded)
+        return WorkerDone(self.worker, plan.epoch, index, self.samples, self.skipped, self.padded, plan.worker)
 
     def _take_slot(self):
         slot = _wait(self.free, self.stop)
@@ -257,7 +259,7 @@ class _Epoch:
     def _publish(self, slot, arrays, index, count):
         if count == self.batch_size:  # what _pad repeats once no row of the next slot is filled
             self.last_good = {name: array[-1].copy() for name, array in arrays.items()}
-        self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, index, count, self.taken))
+        self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, index, count, self.taken, self.plan.worker))
 
     def _pad(self, arrays, rows):
         """Fill rows ``rows:`` with the last good sample: in this slot if it has one, else the
