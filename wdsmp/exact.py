@@ -203,17 +203,17 @@ class ExactSamples(IterableDataset):
             return self.resume["batches_done"], self.resume["streams"]
         return 0, max(1, num_workers)
 
-    def state(self, batches_done, streams):
-        """The state a pipeline saves after ``batches_done`` batches of the current epoch."""
+    def state(self, epoch, batches_done, streams):
+        """The state a pipeline saves after ``batches_done`` batches of ``epoch``."""
         rank, world_size = self.node()
-        return {"epoch": self.epoch, "batches_done": batches_done, "streams": streams,
+        return {"epoch": epoch, "batches_done": batches_done, "streams": streams,
                 "batch_size": self.batch_size, "seed": self.seed, "policy": self.policy,
                 "shards": len(self.shards), "rank": rank, "world_size": world_size}
 
     def load_state_dict(self, state):
         """Continue from ``state`` (``state_dict()`` of a pipeline on an identical source) at the
         next iteration; ValueError if it was saved with other settings or does not fit."""
-        mine = self.state(0, 1)
+        mine = self.state(0, 0, 1)
         for name in ("batch_size", "seed", "policy", "shards", "rank", "world_size"):
             if state.get(name) != mine[name]:
                 raise ValueError(f"state was saved with {name}={state.get(name)!r}, this source has "
@@ -279,8 +279,9 @@ def check_stage(pipeline, stage):
 
 
 def handed_out(pipeline, source, batches):
-    """The pipeline's batches for one epoch, counted into ``pipeline.position``; exactly the planned
-    number of them (NOTE [exact epochs in the reference path])."""
+    """The pipeline's batches for one epoch, counted into ``pipeline.position`` (the next epoch's
+    start once all are out); exactly the planned number of them (NOTE [exact epochs in the
+    reference path])."""
     loader = pipeline.pipeline[0]
     num_workers = loader.num_workers if isinstance(loader, DataLoader) else 0
     if isinstance(loader, DataLoader) and loader.persistent_workers:
@@ -313,6 +314,7 @@ def handed_out(pipeline, source, batches):
                 done += 1
                 pipeline.position = (epoch, done, streams)
                 yield last
+        pipeline.position = (epoch + 1, 0, max(1, num_workers))
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:

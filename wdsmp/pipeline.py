@@ -272,6 +272,8 @@ class DataPipeline(IterableDataset):
                 step = step.dataset
             if hasattr(step, "set_epoch"):
                 step.set_epoch(epoch)
+        if self.position is not None and self.position[0] != epoch:
+            self.position = None
         self._drop_source()
 
     # -- exact epochs: NOTE [exact epochs in the reference path] in exact.py
@@ -287,12 +289,11 @@ class DataPipeline(IterableDataset):
         """Where the epoch stands: the batches this pipeline handed out (an ``ExactSamples``
         pipeline, iterated in this process, or a ``WebLoader`` around one)."""
         source = self._exact_source()
-        position = getattr(self, "position", None)
-        if position is not None and position[0] == source.epoch:
-            return source.state(position[1], position[2])
+        if self.position is not None:
+            return source.state(*self.position)
         loader = self.pipeline[0]
         done, streams = source.start(loader.num_workers if isinstance(loader, DataLoader) else 0)
-        return source.state(done, streams)
+        return source.state(source.epoch, done, streams)
 
     def load_state_dict(self, state):
         """Make the next iteration go on from ``state`` (from ``state_dict()``) with exactly the

@@ -424,6 +424,35 @@ def test_dead_worker_is_reported_within_seconds(shards):
         assert len(list(loader)) == len(loader)  # the next epoch runs on fresh workers
 
 
+_UNGUARDED = textwrap.dedent("""
+    import sys
+    import wdsmp
+    {function}
+    loader = wdsmp.FastLoader(sys.argv[1], 4, num_workers=2, image_size=24{label})
+    print("batches", len(list(loader)), flush=True)
+""")
+
+
+def test_a_script_without_main_guard_works(shards, tmp_path):
+    """Workers do not import the user's script when nothing of it is needed (NOTE [main module])."""
+    _, index, _ = shards
+    path = tmp_path / "train.py"
+    path.write_text(_UNGUARDED.format(function="", label=""))
+    result = subprocess.run([sys.executable, str(path), index], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["batches", str(SHARDS * PER_SHARD // 4)]
+
+
+def test_a_script_without_main_guard_needing_its_own_function_is_told_why(shards, tmp_path):
+    _, index, _ = shards
+    path = tmp_path / "train.py"
+    path.write_text(_UNGUARDED.format(function="def label(sample):\n    return 1", label=", label=label"))
+    result = subprocess.run([sys.executable, str(path), index], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "put the script's code under if __name__ == '__main__':" in result.stderr
+    assert "died with exit code 1" in result.stderr
+
+
 _CHILD = textwrap.dedent("""
     import os, signal, sys, time
     from wdsmp.fast.loader import FastLoader

@@ -51,6 +51,7 @@ NOTE [shutdown order]
     FastLoader unlinks rings whose owner died without closing.
 """
 
+import multiprocessing
 import os
 import sys
 import time
@@ -200,6 +201,11 @@ class FastLoader:
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5, resize_ratio=0.875, dct_scaling=True,
                  channels_first=False, copy=False, prefetch=2, timeout=None, start_method="forkserver",
                  progress=False, cache_dir=None):
+        if getattr(multiprocessing.current_process(), "_inheriting", False):  # NOTE [main module] in pool.py
+            raise RuntimeError("a FastLoader was made while a worker process was starting and importing the main "
+                               "script: a function given to the loader is defined in that script, so workers "
+                               "import it; put the script's code under if __name__ == '__main__':, or define "
+                               "the function in a module of its own")
         self.batch_size = _positive(batch_size, "batch_size")
         self.num_workers = _default_workers() if num_workers is None else _positive(num_workers, "num_workers")
         self.prefetch = _positive(prefetch, "prefetch")
@@ -462,7 +468,8 @@ class _Workers:
                 queue.put(slot)
         self.broken = False
         self.pool = _pool.WorkerPool(worker_main, [(w, config, self.tasks[w], self.free[w], self.ready,
-                                                    self.stop_event) for w in range(num_workers)], ctx)
+                                                    self.stop_event) for w in range(num_workers)], ctx,
+                                     main=_pool.refers_to_main(config))
 
     def shutdown(self, timeout=5.0):
         """NOTE [shutdown order], the workers' part. Idempotent; done even when interrupted."""

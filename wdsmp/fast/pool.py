@@ -6,13 +6,30 @@ is missing): both give a clean process that holds none of the main
 process's threads, CUDA context or locks. The fork server imports wdsmp
 once and forks workers from that, so a worker starts in milliseconds rather
 than re-importing numpy and torch (DESIGN.md §3, step 2).
+
+NOTE [main module]
+    A process started by forkserver or spawn imports the parent's main
+    module (the user's script, as ``__mp_main__``) before it runs, so that
+    functions defined there can be unpickled. A script without an
+    ``if __name__ == "__main__":`` guard then runs its training code again in
+    every worker, which fails (a FastLoader made while a process starts)
+    with an error that names neither the cause nor the fix. Workers whose
+    arguments refer to nothing in ``__main__`` (``refers_to_main``) are
+    therefore started with the main module hidden, and skip that import;
+    a user's function defined in the script still needs the guard, as it
+    does with DataLoader under spawn.
 """
 
+import contextlib
 import multiprocessing
+import pickle
+import pickletools
 import signal
+import sys
 import time
+import types
 
-__all__ = ["START_METHODS", "WorkerPool", "context", "describe_exit", "start_server"]
+__all__ = ["START_METHODS", "WorkerPool", "context", "describe_exit", "refers_to_main", "start_server"]
 
 START_METHODS = ("forkserver", "spawn", "fork")
 _PRELOAD = "wdsmp.fast.worker"
@@ -62,15 +79,40 @@ def describe_exit(exitcode):
     return f"signal {name}{hint}"
 
 
+def refers_to_main(obj):
+    """Whether unpickling ``obj`` needs the ``__main__`` module (NOTE [main module]); when in
+    doubt, yes."""
+    try:
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception:
+        return True
+    return any(arg in ("__main__", "__mp_main__") or (isinstance(arg, str) and arg.startswith("__main__ "))
+               for _, arg, _ in pickletools.genops(data))
+
+
+@contextlib.contextmanager
+def _main_hidden():
+    """``__main__`` replaced by an empty module while processes start, so they do not import the
+    user's script (NOTE [main module])."""
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
 class WorkerPool:
     """``len(argsets)`` daemon processes of ``mp_context`` (see ``context``) running
-    ``target(*args)``, one per argument tuple."""
+    ``target(*args)``, one per argument tuple; with ``main=False`` they start without
+    importing the main module (NOTE [main module])."""
 
-    def __init__(self, target, argsets, mp_context, name="wdsmp-worker"):
+    def __init__(self, target, argsets, mp_context, name="wdsmp-worker", main=True):
         self.processes = [mp_context.Process(target=target, args=tuple(args), name=f"{name}-{i}", daemon=True)
                           for i, args in enumerate(argsets)]
-        for process in self.processes:
-            process.start()
+        with contextlib.nullcontext() if main else _main_hidden():
+            for process in self.processes:
+                process.start()
 
     def dead(self):
         """``[(worker, exitcode), ...]`` of the workers that have exited."""
