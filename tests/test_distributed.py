@@ -90,7 +90,7 @@ def test_pipeline_exact_epochs_and_resume_under_torchrun(local_index, tmp_path):
 
 def test_fastloader_exact_epochs_and_resume_under_torchrun(local_index, tmp_path):
     before = set(os.listdir(SHM_DIR))
-    _check_exact_and_resumable(tmp_path, local_index, "fast")
+    _check_exact_and_resumable(tmp_path, local_index, "fast", resume_workers=3)
     # the killed run's rings were swept by the resumed run's loaders
     assert not [name for name in set(os.listdir(SHM_DIR)) - before if name.startswith("wdsmp")]
 

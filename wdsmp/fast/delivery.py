@@ -43,10 +43,11 @@ class Progress:
 
 class EpochIterator:
     """Delivers one epoch's batches in order (NOTE [loader protocol]); ``streams[w]`` are the
-    streams worker w runs, one after the other."""
+    streams worker w runs (interleaved in this same order)."""
 
     def __init__(self, loader, workers, plan, streams):
         self.loader, self.workers, self.plan, self.streams = loader, workers, plan, streams
+        self.owner = {s: w for w, mine in enumerate(streams) for s in mine}
         self.progress = Progress(plan, workers)
         self.delivered = self.progress.delivered
         self.total = [None] * plan.num_workers  # each stream's batch count, once it is done
@@ -85,11 +86,11 @@ class EpochIterator:
         self.loader._check_open()
         started = time.monotonic()
         while True:
-            worker = self._next_worker()
-            if worker is None:
+            stream = self._next_stream()
+            if stream is None:
                 self._finish()
                 raise StopIteration
-            stream = self._current(worker)
+            worker = self.owner[stream]
             message = self.pending.pop((stream, self.delivered[stream]), None)
             if message is not None:
                 break
@@ -103,15 +104,16 @@ class EpochIterator:
         if not self.workers.broken:
             self.workers.free[message.worker].put(message.slot)
 
-    def _current(self, worker):
-        """The stream ``worker`` is on: its first one not known to be done; None if all are."""
-        return next((s for s in self.streams[worker] if self.total[s] is None or self.delivered[s] < self.total[s]),
-                    None)
+    def _next_stream(self):
+        """The unfinished stream that delivered the fewest batches (the lowest number first);
+        None when all are done."""
+        candidates = [s for s, n in enumerate(self.delivered) if self.total[s] is None or n < self.total[s]]
+        return min(candidates, key=lambda s: (self.delivered[s], s), default=None)
 
     def _next_worker(self):
-        """The unfinished worker that delivered the fewest batches; None when all are done."""
-        candidates = [w for w in range(len(self.streams)) if self._current(w) is not None]
-        return min(candidates, key=lambda w: (sum(self.delivered[s] for s in self.streams[w]), w), default=None)
+        """The worker that makes the next batch; None when all are done."""
+        stream = self._next_stream()
+        return None if stream is None else self.owner[stream]
 
     def _receive(self, waiting_for, started):
         """Take one message off the ready queue; raise when a worker failed, died or timed out."""
@@ -150,7 +152,7 @@ class EpochIterator:
                                    f"the epoch cannot be completed"))
         timeout = self.loader.timeout
         if timeout is not None and time.monotonic() - started > timeout:
-            stream = self._current(waiting_for)
+            stream = self._next_stream()
             self._fail(TimeoutError(f"no batch from loader worker {waiting_for} for {timeout} s "
                                     f"(epoch {self.plan.epoch}, batch {self.delivered[stream]} of its stream {stream})"))
 

@@ -18,12 +18,14 @@ NOTE [loader protocol]
       workers could take every slot while the loader waits for a slow
       worker's batch, which then has nowhere to go: a deadlock. Owned slots
       rule it out; the ring has ``prefetch * num_workers`` slots.
-    * Order: the next batch comes from the worker, among those not finished,
-      that has delivered the fewest batches (the lowest index first). With
-      known counts that is the plan's round robin, batch k from worker
-      k % W (NOTE [plan: exactly once, equal batches]); with unknown counts
-      it is round robin skipping finished workers. It depends only on the
-      counts delivered, so a resumed epoch continues in the same order.
+    * Order: the next batch comes from the stream (a worker's part of the
+      plan), among those not finished, that has delivered the fewest batches
+      (the lowest index first). With known counts that is the plan's round
+      robin, batch k from stream k % W (NOTE [plan: exactly once, equal
+      batches]); with unknown counts it is round robin skipping finished
+      streams. It depends only on the counts delivered, so a resumed epoch
+      continues in the same order, also on another number of workers: a
+      worker then runs several streams, making their batches in this order.
     * Waiting: every wait has a short timeout after which the workers'
       liveness is checked: a worker that died is reported within a second,
       naming its exit code or signal.
@@ -347,8 +349,8 @@ class FastLoader:
         error ended it). Give it to ``load_state_dict`` of a loader with the same shards and
         settings to go on with exactly the batches not yet seen, also when stages or the
         handler drop samples (each worker's position in its sample stream is part of the
-        state), and also with another ``num_workers``: the epoch's streams are then shared
-        out whole (``plan.streams_of_workers``), so the rest comes in another order."""
+        state), and also with another ``num_workers`` (the epoch's streams are then shared
+        out whole, ``plan.streams_of_workers``), in the order the batches would have come."""
         progress = self._progress
         if self._resume is not None:
             epoch, delivered, consumed = self._resume.epoch, self._resume.worker_batches, self._resume.worker_consumed

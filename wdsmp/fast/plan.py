@@ -40,9 +40,10 @@ NOTE [plan: exactly once, equal batches]
     * Streams. A worker's part is also called a stream: its region read in
       order, with its own seed. A loader resumed with a different number of
       workers keeps the epoch's streams (as many as the workers it started
-      with) and gives each worker whole streams (``streams_of_workers``),
-      so every stream goes on from where it stood and the epoch stays exact;
-      its remaining batches then come in another order.
+      with) and gives each worker whole streams (``streams_of_workers``); a
+      worker with several makes their batches interleaved in delivery order.
+      Every stream goes on from where it stood, and the batches come in the
+      order of a run that was never stopped.
     * "shards" mode (some count unknown): shard granularity. The epoch's
       order is cut into world equal runs of whole shards: floor(S / world)
       each (drop, the rest in ``dropped``) or ceil(S / world) (pad, repeated

@@ -108,8 +108,7 @@ def worker_main(worker, config, tasks, free, ready, stop):
             parts = _wait(tasks, stop)
             if isinstance(parts, Stop):
                 return
-            for plan in parts:
-                ready.put(_Epoch(worker, config, plan, ring, free, ready, stop, where).run())
+            _run_streams([_Epoch(worker, config, plan, ring, free, ready, stop, where) for plan in parts], ready)
     except _Stopped:
         return
     except BaseException as exn:
@@ -119,6 +118,21 @@ def worker_main(worker, config, tasks, free, ready, stop):
         ready.put(WorkerFailed.from_exception(worker, exn, shard, member))
     finally:
         ring.close()
+
+
+def _run_streams(streams, ready):
+    """Make the batches of ``streams`` interleaved as the loader delivers them: next, the
+    unfinished stream with the fewest batches (the lowest number first). A worker running
+    several streams (a resume with fewer workers) so makes them in the order a run with one
+    worker per stream delivers them, and holds no slot the loader is not about to take."""
+    runs = [(stream, stream.run()) for stream in streams]
+    while runs:
+        stream, run = min(runs, key=lambda entry: (entry[0].index, entry[0].plan.worker))
+        try:
+            next(run)
+        except StopIteration as done:
+            ready.put(done.value)
+            runs.remove((stream, run))
 
 
 def _watch_parent():
@@ -170,6 +184,7 @@ class _Epoch:
         self.specs = {spec.name: spec for spec in config.layout.fields}
         self.augment = random.Random(make_seed(plan.seed, "augment"))
         self.samples = self.skipped = self.padded = 0
+        self.index = plan.skip_batches  # the number of the stream's next batch
         self.last_good = None  # a copy of the last row of the last full batch: {field: array}
 
     def _handle(self, exn):
@@ -205,11 +220,12 @@ class _Epoch:
             yield sample
 
     def run(self):
-        """Fill and announce this epoch's batches; the ``WorkerDone`` to send at the end."""
+        """Fill and announce this stream's batches, pausing after each (``self.index`` is the next
+        one's number); its value at the end is the ``WorkerDone`` to send."""
         plan, size = self.plan, self.batch_size
-        index, slot, rows = plan.skip_batches, None, 0
+        slot, rows = None, 0
         source = self._source()
-        while plan.num_batches is None or index < plan.num_batches:
+        while plan.num_batches is None or self.index < plan.num_batches:
             try:
                 sample = next(source, None)
                 self.taken += sample is not None
@@ -233,33 +249,35 @@ class _Epoch:
             self.samples += 1
             rows += 1
             if rows == size:
-                self._publish(slot, arrays, index, size)
-                index, slot, rows = index + 1, None, 0
+                slot, rows = self._publish(slot, arrays, size), 0
+                yield
         if hasattr(source, "close"):
             source.close()
         if plan.num_batches is None:
             if rows:
-                self._publish(slot, arrays, index, rows)
-                index += 1
+                self._publish(slot, arrays, rows)
+                yield
             elif slot is not None:  # taken for a sample that was then skipped
                 self.free.put(slot)
         else:
-            while index < plan.num_batches:  # NOTE [full batches]
+            while self.index < plan.num_batches:  # NOTE [full batches]
                 if slot is None:
                     slot, arrays = self._take_slot()
                 self._pad(arrays, rows)
-                self._publish(slot, arrays, index, size)
-                index, slot, rows = index + 1, None, 0
-        return WorkerDone(self.worker, plan.epoch, index, self.samples, self.skipped, self.padded, plan.worker)
+                slot, rows = self._publish(slot, arrays, size), 0
+                yield
+        return WorkerDone(self.worker, plan.epoch, self.index, self.samples, self.skipped, self.padded, plan.worker)
 
     def _take_slot(self):
         slot = _wait(self.free, self.stop)
         return slot, self.ring.views(slot)
 
-    def _publish(self, slot, arrays, index, count):
+    def _publish(self, slot, arrays, count):
+        """Announce the slot as batch ``self.index`` and count it; None (no slot in hand)."""
         if count == self.batch_size:  # what _pad repeats once no row of the next slot is filled
             self.last_good = {name: array[-1].copy() for name, array in arrays.items()}
-        self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, index, count, self.taken, self.plan.worker))
+        self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, self.index, count, self.taken, self.plan.worker))
+        self.index += 1
 
     def _pad(self, arrays, rows):
         """Fill rows ``rows:`` with the last good sample: in this slot if it has one, else the
