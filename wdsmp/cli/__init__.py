@@ -1,0 +1,52 @@
+"""The ``wdsmp`` command: make, inspect, check, cache and convert WebDataset shards.
+
+Each subcommand lives in a module of this package with ``add_parser(subparsers)``
+(its arguments, with ``run`` as the parser's ``func``) and ``run(args)``, which
+returns the exit status. Conventions, as tar and tarp have them: outputs need
+``-o`` and an existing output is never overwritten without ``--force``; ``-``
+is stdin or stdout; inputs take brace patterns, globs and any URL gopen reads;
+the status is non-zero on any integrity failure; ``--json`` prints a
+machine-readable summary on stdout; long work shows a progress bar on a
+terminal and plain periodic lines otherwise (``progress.py``).
+"""
+
+import argparse
+import sys
+
+__all__ = ["main"]
+
+_MODULES = ("create", "reshard", "listing", "index", "verify", "prefetch", "convert", "bench")
+
+
+def _parser():
+    parser = argparse.ArgumentParser(prog="wdsmp", description="Make, inspect, check, cache and convert "
+                                     "WebDataset shards (POSIX tar files of samples).")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    from importlib import import_module
+
+    for name in _MODULES:
+        import_module(f"{__name__}.{name}").add_parser(subparsers)
+    return parser
+
+
+def main(argv=None):
+    """Run the command line ``argv`` (default ``sys.argv[1:]``); the exit status."""
+    from ..errors import WdsmpError
+    from .common import CommandError
+
+    args = _parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except CommandError as exn:
+        print(f"wdsmp {args.command}: {exn}", file=sys.stderr)
+        return 2
+    except (WdsmpError, OSError, ValueError) as exn:
+        print(f"wdsmp {args.command}: error: {exn}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("wdsmp: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # e.g. `wdsmp ls ... | head`
+        sys.stderr.close()
+        return 141
+

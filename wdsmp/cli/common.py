@@ -1,0 +1,110 @@
+"""What the subcommands share: input expansion, output checks, JSON summaries, progress.
+
+Progress goes to stderr: a tqdm bar when stderr is a terminal, else a plain
+line every ``interval`` seconds with items/s and MB/s, so that logs of batch
+jobs show the rate without carriage-return noise. ``--quiet`` silences both.
+"""
+
+import json
+import os
+import sys
+import time
+
+from ..gopen import local_path
+from ..shardlists import expand_urls
+
+__all__ = ["Progress", "add_common", "check_output", "die", "expand_inputs", "print_json"]
+
+
+def add_common(parser, json_summary=True):
+    """The options every subcommand has: ``--quiet``, and ``--json`` where it makes a summary."""
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    if json_summary:
+        parser.add_argument("--json", action="store_true", help="print a machine-readable summary on stdout")
+
+
+class CommandError(Exception):
+    """A usage or input problem: printed as ``wdsmp <command>: <message>``, exit status 2."""
+
+
+def die(message):
+    raise CommandError(message)
+
+
+def expand_inputs(specs):
+    """Shard URLs from command-line inputs: brace patterns, ``::`` lists, local globs, any URL
+    gopen reads, and ``-`` (stdin). Inputs that match nothing are an error."""
+    urls = []
+    for spec in specs:
+        if spec == "-":
+            urls.append(spec)
+            continue
+        found = expand_urls(spec)
+        if not found:
+            die(f"no input matches {spec!r}")
+        for url in found:
+            path = local_path(url)
+            if path is not None and not os.path.exists(path):
+                die(f"no such file: {path}")
+        urls.extend(found)
+    return urls
+
+
+def check_output(path, force=False):
+    """Refuse to overwrite an existing local ``path`` unless ``force`` (tar would; wdsmp does
+    not). ``-`` and remote URLs pass."""
+    local = local_path(path) if path != "-" else None
+    if local is not None and os.path.exists(local) and not force:
+        die(f"{local} exists; remove it or pass --force")
+
+
+def print_json(summary):
+    json.dump(summary, sys.stdout, indent=1, sort_keys=True)
+    sys.stdout.write("\n")
+
+
+class Progress:
+    """Counts items and bytes of long work and shows the rate on stderr (see the module
+    docstring). Use as a context manager; ``update(items, nbytes)`` as work is done."""
+
+    def __init__(self, description, total=None, unit="samples", quiet=False, interval=10.0, stream=None):
+        self.description, self.total, self.unit = description, total, unit
+        self.items = self.bytes = 0
+        self.stream = sys.stderr if stream is None else stream
+        self.quiet, self.interval = quiet, interval
+        self.started = self.logged = time.monotonic()
+        self.bar = None
+        if not quiet and self.stream.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=description, unit=unit[:-1] if unit.endswith("s") else unit,
+                            file=self.stream, dynamic_ncols=True)
+
+    def update(self, items=1, nbytes=0):
+        self.items += items
+        self.bytes += nbytes
+        if self.bar is not None:
+            self.bar.update(items)
+        elif not self.quiet and time.monotonic() - self.logged >= self.interval:
+            self.logged = time.monotonic()
+            self._line()
+
+    def _line(self, final=False):
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        of = f"/{self.total:,}" if self.total is not None else ""
+        print(f"wdsmp {self.description}: {self.items:,}{of} {self.unit}, {self.items / elapsed:,.0f} {self.unit}/s, "
+              f"{self.bytes / elapsed / 1e6:,.1f} MB/s{', done' if final else ''} ({elapsed:,.1f} s)",
+              file=self.stream, flush=True)
+
+    @property
+    def elapsed(self):
+        return time.monotonic() - self.started
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.close()
+        elif not self.quiet and exc[0] is None:
+            self._line(final=True)
