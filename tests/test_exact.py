@@ -3,6 +3,8 @@ and WebLoader, with real shards and real DataLoader worker processes."""
 
 import collections
 import pathlib
+import pickle
+import warnings
 
 import pytest
 
@@ -59,7 +61,7 @@ def test_every_sample_once_and_equal_batches(index, num_workers, policy):
         assert len(seen) == total and sum(seen.values()) == 2 * per_rank * BATCH
 
 
-def test_order_follows_seed_and_epoch_not_workers(index):
+def test_order_follows_seed_and_epoch(index):
     def epoch_keys(epoch, num_workers, seed=0):
         loader = wds.WebLoader(_dataset(index, seed=seed), batch_size=None, num_workers=num_workers)
         loader.set_epoch(epoch)
@@ -198,3 +200,77 @@ def test_remote_shards_cached_whole_per_node(index, http_server, tmp_path):
     assert {path: n for path, n in fetched.items() if path.endswith(".tar")} == {
         f"/part-{s}.tar": 1 for s in range(len(SIZES))}
     assert len([p for p in cache.rglob("*.tar") if p.is_file()]) == len(SIZES)
+
+
+def test_a_worker_without_batches_left_is_no_error(index):
+    """Resumed one batch before the end, one of two workers has nothing left to make."""
+    def fluid():
+        source = wds.ExactSamples(index, batch_size=BATCH, rank=0, world_size=2, shuffle_buffer=8)
+        return wds.WebDataset(source).to_tuple("__key__", "cls").batched(BATCH, partial=False)
+
+    full = _keys(wds.WebLoader(fluid(), batch_size=None, num_workers=2))
+    for left in (1, 0):
+        loader = wds.WebLoader(fluid(), batch_size=None, num_workers=2)
+        loader.load_state_dict(dict(loader.state_dict(), batches_done=6 - left))
+        assert _keys(loader) == full[len(full) - left * BATCH:]
+
+
+def test_no_stage_may_follow_the_loader(index):
+    loader = wds.WebLoader(_dataset(index), batch_size=None, num_workers=0)
+    with pytest.raises(ValueError, match="no stage may follow the DataLoader of a WebLoader over ExactSamples"):
+        loader.unbatched().shuffle(10).batched(BATCH)
+    with pytest.raises(ValueError, match="in_order=False"):
+        next(iter(wds.WebLoader(_dataset(index), batch_size=None, num_workers=1, in_order=False)))
+
+
+def test_rank_is_fixed_for_workers_when_pickled(index, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    source = wds.ExactSamples(index, batch_size=BATCH)
+    copy = pickle.loads(pickle.dumps(source))
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert copy.node() == (1, 2) and source.node() == (0, 1)
+
+
+def test_loader_batch_size_without_workers_is_counted_once(index):
+    """The DataLoader batches the samples (no batched stage): counted where they are handed out."""
+    source = wds.ExactSamples(index, batch_size=BATCH, rank=0, world_size=2)
+    dataset = wds.DataPipeline(source, wds.to_tuple("__key__", "cls"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        batches = list(wds.WebLoader(dataset, batch_size=BATCH, num_workers=0))
+    assert [len(keys) for keys, _ in batches] == [BATCH] * 6
+
+
+def test_an_epoch_ends_or_goes_on(index):
+    """A finished epoch moves on to the next; one left early goes on where it was."""
+    loader = wds.WebLoader(_dataset(index), batch_size=None, num_workers=0)
+    loader.set_epoch(2)
+    epoch2 = _keys(loader)
+    epoch3 = _keys(loader)
+    assert epoch2 != epoch3 and loader.state_dict()["epoch"] == 4
+    loader.set_epoch(2)
+    head = []
+    for keys, _ in loader:
+        head.extend(keys)
+        if len(head) == 2 * BATCH:
+            break
+    assert head + _keys(loader) == epoch2
+    state = loader.state_dict()
+    with pytest.raises(ValueError, match="batches_done"):
+        loader.load_state_dict(dict(state, epoch=7, batches_done=99))
+    assert loader.state_dict() == state
+
+
+def test_a_shard_too_big_for_the_cache_is_read_directly(index, http_server, tmp_path, monkeypatch):
+    directory = pathlib.Path(index).parent
+    for name in ["index.json"] + [f"part-{s}.tar" for s in range(len(SIZES))]:
+        http_server.put_file(name, (directory / name).read_bytes())
+    monkeypatch.setenv("WDS_CACHE_SIZE", "1000")  # smaller than any shard
+    source = wds.ExactSamples(http_server.url("index.json"), batch_size=BATCH, rank=0, world_size=1,
+                              shuffle=False, cache_dir=str(tmp_path / "cache"))
+    dataset = wds.DataPipeline(source, wds.to_tuple("__key__", "cls"), wds.batched(BATCH, partial=False))
+    with pytest.warns(UserWarning, match="could not cache .*part-0.tar.*reading it directly"):
+        keys = _keys(dataset)
+    assert keys == sorted(keys) and len(keys) == sum(SIZES) // BATCH * BATCH

@@ -180,7 +180,7 @@ class WebDataset(FluidInterface, DataPipeline):
                 handler=handler, select_files=select_files, rename_files=rename_files,
                 boundaries=True))
             self.append(filters.pipelinefilter(group_by_keys)(handler=handler))
-        if empty_check:
+        if empty_check and not isinstance(urls, ExactSamples):  # a worker may rightly have no batch left
             self.append(check_empty)
         if repeat:
             self.repeat()

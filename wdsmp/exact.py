@@ -15,7 +15,7 @@ NOTE [exact epochs in the reference path]
       DataLoader workers when the epoch starts (1 without workers). Stream s
       is region s of the plan with S workers: a whole number of batches of
       samples, read front to back, through a buffer shuffle seeded by
-      (seed, epoch, rank, s) when ``shuffle_buffer`` > 0. Batch d of the
+      (seed, epoch, rank, s) when ``shuffle_buffer`` > 1. Batch d of the
       rank's epoch is batch d // S of stream d % S.
     * Workers. With D batches handed out, the m-th remaining batch
       (d = D + m) is made by worker m % W of the W workers now running: it
@@ -33,7 +33,16 @@ NOTE [exact epochs in the reference path]
       later ``.shuffle()`` mixes samples across batches and is refused.
     * State. ``{"epoch", "batches_done", "streams", ...}``, counted where the
       batches are handed out: the pipeline iterated in the main process, or
-      the ``WebLoader`` around the DataLoader.
+      the ``WebLoader`` around the DataLoader (no stage may follow the
+      DataLoader there: it would hold or regroup batches the count has
+      passed). An epoch handed out to its end moves the source to the next
+      one; an epoch left before its end (``break``, an error) goes on from
+      where it was at the next iteration.
+    * Order. It follows from the seed, the epoch, the rank and the number of
+      streams, i.e. of workers when the epoch started.
+    * Rank. Worker processes do not inherit torch.distributed's process
+      group, so the rank and world size are fixed in the main process when
+      the source is pickled for them.
 """
 
 import random
@@ -58,20 +67,22 @@ def read_ranges(ranges, handler=reraise_exception, cache_dir=None):
     A range often ends before its shard does (a shard split between ranks or
     workers), and the cache keeps only shards read to their end, so a shard
     to be cached is first fetched whole: the rest of it is the next range's.
+    A shard that cannot be cached (larger than the cache may hold, no room,
+    another process fetching it for too long) is read directly, with a
+    warning: caching never stops training.
     """
     for shard in ranges:
-        if cache_dir is None:
-            samples = tarfile_samples([shard.url], handler=handler)
-        else:
+        samples = None
+        if cache_dir is not None:
             from .cache import FileCache, cached_tarfile_samples
 
             try:
                 FileCache(cache_dir).get_file(shard.url)
-            except Exception as exn:
-                if handler(exn):
-                    continue
-                raise
-            samples = cached_tarfile_samples([shard.url], handler=handler, cache_dir=cache_dir)
+                samples = cached_tarfile_samples([shard.url], handler=handler, cache_dir=cache_dir)
+            except Exception as exn:  # an unreadable source fails again below, through the handler
+                warnings.warn(f"could not cache {shard.url} in {cache_dir} ({exn}); reading it directly")
+        if samples is None:
+            samples = tarfile_samples([shard.url], handler=handler)
         try:
             yield from islice(samples, shard.start, shard.stop)
         finally:
@@ -172,18 +183,26 @@ class ExactSamples(IterableDataset):
         self.resume = None  # a loaded state, for its epoch
         self.plan(1)  # bad arguments (rank, too few samples) fail here, not in a worker
 
+    def __getstate__(self):
+        """Pickled for DataLoader workers, which do not inherit the process group: with this
+        process's rank and world size fixed (NOTE [exact epochs ...], Rank)."""
+        state = dict(self.__dict__)
+        state["_rank"], state["_world_size"] = self.node()
+        return state
+
     def node(self):
         """``(rank, world_size)``: as given, else from torch.distributed or the environment."""
         rank, world_size, _, _ = pytorch_worker_info()
         return (rank if self._rank is None else self._rank,
                 world_size if self._world_size is None else self._world_size)
 
-    def plan(self, streams):
-        """This rank's plan of the current epoch, for ``streams`` streams (``fast.plan.EpochPlan``)."""
+    def plan(self, streams, epoch=None):
+        """This rank's plan of ``epoch`` (default: the current one) for ``streams`` streams
+        (``fast.plan.EpochPlan``)."""
         from .fast.plan import plan_epoch
 
         rank, world_size = self.node()
-        return plan_epoch(self.shards, self.epoch, batch_size=self.batch_size, seed=self.seed, rank=rank,
+        return plan_epoch(self.shards, self.epoch if epoch is None else epoch, batch_size=self.batch_size, seed=self.seed, rank=rank,
                           world_size=world_size, num_workers=streams, policy=self.policy, shuffle=self.shuffle)
 
     def __len__(self):
@@ -221,10 +240,10 @@ class ExactSamples(IterableDataset):
         epoch, done, streams = state["epoch"], state["batches_done"], state["streams"]
         if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
             raise ValueError(f"state has streams={streams!r}, not an int >= 1")
-        self.epoch = int(epoch)
-        total = self.plan(streams).batches_per_rank
+        total = self.plan(streams, int(epoch)).batches_per_rank
         if isinstance(done, bool) or not isinstance(done, int) or not 0 <= done <= total:
             raise ValueError(f"state has batches_done={done!r}, not within the epoch's {total} batches")
+        self.epoch = int(epoch)
         self.resume = {"epoch": self.epoch, "batches_done": done, "streams": streams}
 
     def __iter__(self):
@@ -268,10 +287,15 @@ def source_of(pipeline):
 
 
 def check_stage(pipeline, stage):
-    """Refuse a shuffle appended to a pipeline on ``ExactSamples`` (NOTE [exact epochs ...])."""
+    """Refuse a shuffle appended to a pipeline on ``ExactSamples``, and any stage after a
+    DataLoader over one (NOTE [exact epochs ...], The contract and State)."""
     from . import filters
     from ._stages import Curried
 
+    if isinstance(pipeline.pipeline[0], DataLoader) and source_of(pipeline) is not None:
+        raise ValueError(f"no stage may follow the DataLoader of a WebLoader over ExactSamples ({stage!r}): "
+                         f"the batch count that state_dict() saves is taken there; put the stage in the "
+                         f"dataset's pipeline instead")
     shuffles = (isinstance(stage, Curried) and stage.f is filters._shuffle) or isinstance(stage, filters.detshuffle)
     if shuffles and isinstance(pipeline.pipeline[0], ExactSamples):
         raise ValueError("a .shuffle() stage after ExactSamples mixes samples across batches, so epochs "
@@ -284,21 +308,26 @@ def handed_out(pipeline, source, batches):
     reference path])."""
     loader = pipeline.pipeline[0]
     num_workers = loader.num_workers if isinstance(loader, DataLoader) else 0
-    if isinstance(loader, DataLoader) and loader.persistent_workers:
-        raise ValueError("persistent_workers=True keeps the workers' copy of the dataset from the first "
-                         "epoch, so set_epoch() and load_state_dict() would not reach it: with ExactSamples "
-                         "leave persistent_workers off")
+    if isinstance(loader, DataLoader):
+        if loader.persistent_workers:
+            raise ValueError("persistent_workers=True keeps the workers' copy of the dataset from the first "
+                             "epoch, so set_epoch() and load_state_dict() would not reach it: with "
+                             "ExactSamples leave persistent_workers off")
+        if not getattr(loader, "in_order", True):
+            raise ValueError("in_order=False hands batches out in whatever order workers make them, so "
+                             "state_dict() could not say which were handed out: leave it on with ExactSamples")
+        loader.dataset.counted_outside = True  # iterated in this process (no workers): count here only
     done, streams = source.start(num_workers)
     total = len(source)
     epoch = source.epoch
     pipeline.position = (epoch, done, streams)
-    last, iterator = None, batches()
+    last, iterator, complete = None, batches(), False
     try:
         for batch in iterator:
             if done == total:
                 warnings.warn(f"the pipeline made more than the {total} batches planned for epoch {epoch}: "
                               f"does it end with batched({source.batch_size})? The rest are not handed out")
-                return
+                break
             done += 1
             pipeline.position = (epoch, done, streams)
             last = batch
@@ -314,8 +343,13 @@ def handed_out(pipeline, source, batches):
                 done += 1
                 pipeline.position = (epoch, done, streams)
                 yield last
-        pipeline.position = (epoch + 1, 0, max(1, num_workers))
+        complete = True
     finally:
         close = getattr(iterator, "close", None)
         if close is not None:
             close()
+        if complete:  # the next iteration runs the next epoch
+            source.epoch, source.resume = epoch + 1, None
+            pipeline.position = (epoch + 1, 0, max(1, num_workers))
+        else:  # left early: the next iteration goes on from here
+            source.resume = {"epoch": epoch, "batches_done": done, "streams": streams}

@@ -208,7 +208,7 @@ class DataPipeline(IterableDataset):
 
     def __iter__(self):
         source = exact.source_of(self)
-        if source is not None and get_worker_info() is None:
+        if source is not None and get_worker_info() is None and not getattr(self, "counted_outside", False):
             if self._keep or self.repetitions != 1 or self.nsamples > 0:
                 raise ValueError("with_epoch() and repeat() do not combine with ExactSamples, whose "
                                  "epochs are the plan's batches")

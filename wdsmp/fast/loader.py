@@ -183,8 +183,10 @@ class FastLoader:
     per epoch.
 
     Remote shards (``http(s)://``, ``s3://``, ``pipe:``, ...) are streamed; with ``cache_dir``
-    each is kept there as it is first read, and read from there afterwards (one copy per
-    directory, shared safely by workers and processes).
+    each is fetched whole into it before its first sample is read, and read from there
+    afterwards (one copy per directory, shared by workers and processes); one that cannot be
+    cached (too large for the cache's size limit, no room, another process fetching it for
+    too long) is read directly, with a warning.
 
     Throughput: ``stats`` counts images, images/s and the time spent waiting for workers;
     ``progress=True`` (or seconds between reports) prints them to stderr as it goes.

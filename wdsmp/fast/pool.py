@@ -110,7 +110,8 @@ class WorkerPool:
     def __init__(self, target, argsets, mp_context, name="wdsmp-worker", main=True):
         self.processes = [mp_context.Process(target=target, args=tuple(args), name=f"{name}-{i}", daemon=True)
                           for i, args in enumerate(argsets)]
-        with contextlib.nullcontext() if main else _main_hidden():
+        hide = not main and mp_context.get_start_method() != "fork"  # a fork copies __main__ as it is
+        with _main_hidden() if hide else contextlib.nullcontext():
             for process in self.processes:
                 process.start()
 
