@@ -97,6 +97,21 @@ def test_resampled_draws_shards_forever(tmp_path):
     assert keys(again) == first
 
 
+def test_resampled_streams_are_deterministic_per_worker_and_epoch(tmp_path):
+    """Two DataLoader workers draw different shards; a run with the same seed draws the same."""
+    def epoch_keys(epoch, seed=5):
+        dataset = wds.WebDataset(make_shards(tmp_path), resampled=True, seed=seed)
+        dataset = dataset.to_tuple("__key__").batched(5).with_epoch(4)  # batches per worker
+        loader = wds.WebLoader(dataset, batch_size=None, num_workers=2)
+        loader.set_epoch(epoch)
+        return [list(batch[0]) for batch in loader]
+
+    first = epoch_keys(0)
+    assert len(first) == 8 and first == epoch_keys(0)
+    assert first[0::2] != first[1::2]  # the workers' batches alternate, from different draws
+    assert first != epoch_keys(1) and first != epoch_keys(0, seed=6)
+
+
 def test_select_and_rename_files(tmp_path):
     url = make_shards(tmp_path)
     dataset = wds.WebDataset(url, select_files=lambda name: not name.endswith(".bin"))
