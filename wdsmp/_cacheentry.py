@@ -383,8 +383,7 @@ def _add_entry(url, path, temp, lock, *, cache_dir, cache_size, verbose):
                  f"not caching it")
             return
         if not sweep(cache_dir, cache_size, size, verbose=verbose):
-            if verbose:
-                say(f"[not caching {url}: cache full of files in use]")
+            warn(f"not caching {url}: the cache at {cache_dir} is full of files in use")
             return
         os.replace(temp, path)
         fsync_directory(os.path.dirname(path))

@@ -412,7 +412,8 @@ class FileCache:
             stream.close()
         path = self.entry_path(url)
         if not os.path.exists(path):
-            raise ShardError(f"could not add it to the cache at {path} (see the warnings)", url=url)
+            raise ShardError(f"could not add it to the cache at {path}: it is not a complete tar archive, or "
+                             f"it was not kept (a warning says why)", url=url)
         return path
 
     def __call__(self, urls):
