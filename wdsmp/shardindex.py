@@ -19,7 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .gopen import gopen, local_path
 
-__all__ = ["read_index", "relative_url", "resolve_url", "shard_counts", "write_index"]
+__all__ = ["read_entries", "read_index", "relative_url", "resolve_url", "shard_counts", "write_index"]
 
 
 def resolve_url(base, url):
@@ -43,8 +43,9 @@ def relative_url(index, url):
     return url if relative.startswith(os.pardir) else relative
 
 
-def read_index(source):
-    """``[(url, samples), ...]`` from a manifest at ``source`` (path or URL, read with gopen).
+def read_entries(source):
+    """The entries of the manifest at ``source`` (path or URL, read with gopen): dicts with every
+    key the writer put there (``size``, ``sha256``, ...), ``url`` made absolute against ``source``.
 
     ValueError naming the manifest and the entry when the file is not one.
     """
@@ -57,15 +58,20 @@ def read_index(source):
     shards = index.get("shards") if isinstance(index, dict) else None
     if not isinstance(shards, list) or not shards:
         raise ValueError(f"shard index {source!r} has no non-empty 'shards' list")
-    table = []
+    entries = []
     for i, entry in enumerate(shards):
         url = entry.get("url") if isinstance(entry, dict) else None
         samples = entry.get("samples") if isinstance(entry, dict) else None
         if not isinstance(url, str) or not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
             raise ValueError(f"shard index {source!r}: entry {i} ({entry!r}) needs a 'url' string and a "
                              f"'samples' count >= 0")
-        table.append((resolve_url(source, url), samples))
-    return table
+        entries.append(dict(entry, url=resolve_url(source, url)))
+    return entries
+
+
+def read_index(source):
+    """``[(url, samples), ...]`` from a manifest at ``source`` (see :func:`read_entries`)."""
+    return [(entry["url"], entry["samples"]) for entry in read_entries(source)]
 
 
 def write_index(path, shards, **extra):

@@ -40,13 +40,23 @@ def main(argv=None):
     except CommandError as exn:
         print(f"wdsmp {args.command}: {exn}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # e.g. `wdsmp ls ... | head`: the reader has all it wanted
+        _quiet_stdout()
+        return 141
     except (WdsmpError, OSError, ValueError) as exn:
         print(f"wdsmp {args.command}: error: {exn}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("wdsmp: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # e.g. `wdsmp ls ... | head`
-        sys.stderr.close()
-        return 141
+
+
+def _quiet_stdout():
+    """Point stdout at /dev/null, so that the interpreter's final flush of a closed pipe
+    prints nothing more."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 

@@ -39,7 +39,10 @@ def expand_inputs(specs):
         if spec == "-":
             urls.append(spec)
             continue
-        found = expand_urls(spec)
+        try:
+            found = expand_urls(spec)
+        except ValueError as exn:  # a pattern that matches nothing
+            die(str(exn))
         if not found:
             die(f"no input matches {spec!r}")
         for url in found:

@@ -1,5 +1,188 @@
-"""The ``wdsmp`` subcommands of this module (being written)."""
+"""``wdsmp index``: the shard manifest wdsmp's loaders read, or DALI's index files.
+
+The manifest (:mod:`wdsmp.shardindex`) gives each shard's sample count, which is what
+exact epochs and ``len()`` need, with its size and sha256 for ``wdsmp verify --index``.
+Samples are counted by wdsmp's own reader, so the counts are the ones the loaders see;
+a shard the reader finds damaged gets no entry and no manifest is written, since
+counts that are wrong would break exact epochs later, far from the cause.
+
+``--format dali`` writes one index file per shard for NVIDIA DALI's
+``fn.readers.webdataset(paths=..., index_paths=...)``. The format is DALI's version
+1.2, as its ``tools/wds2idx.py`` writes it and ``webdataset_loader.cc`` parses it: a
+first line ``v1.2 <samples>``, then one line per sample with, for each of its
+members, ``<ext> <offset> <size> <member name>``, separated by spaces, where
+``offset`` is where the member's data (not its header) starts in the tar file. DALI
+seeks to those offsets, so the shard must be an uncompressed tar, and it splits the
+line at whitespace, so a member name may not contain any; DALI also refuses an
+index of no samples. Samples are grouped as wdsmp groups them, so a DALI epoch and
+a wdsmp epoch see the same samples.
+"""
+
+import os
+import re
+import sys
+from urllib.parse import urlsplit
+
+from ..gopen import local_path
+from ..native import tar_splitter_class
+from ..shardindex import relative_url, write_index
+from ..tarformat import BLOCK, GZIP_MAGIC
+from ..tariterators import _META_FILES, SHARD_END, ShardFailed, base_plus_ext, group_by_keys
+from .common import Progress, add_common, check_output, die, expand_inputs, print_json
+from .verify import Problem, ShardReport, check_shard, open_counted
+
+__all__ = ["add_parser", "dali_index", "run"]
+
+DALI_VERSION = "v1.2"
+
+
+def _components(splitter, url, report):
+    """Members for group_by_keys whose ``data`` is the DALI component ``(ext, data offset,
+    size, name)`` and the header's offset, instead of the bytes; then the shard's end marker.
+    The data offset is where the splitter stands after the member, less its padded size."""
+    try:
+        for name, data, offset in splitter:
+            if re.match(_META_FILES, name):
+                continue  # skipped by wdsmp's reader too
+            padded = (len(data) + BLOCK - 1) // BLOCK * BLOCK
+            component = (base_plus_ext(name)[1], splitter.position - padded, len(data), name, offset)
+            yield {"fname": name, "data": component, "__offset__": offset, "__url__": url}
+    except (OSError, ValueError) as exn:
+        report.record(exn)
+        yield ShardFailed(getattr(exn, "member", None))
+        return
+    yield SHARD_END
+
+
+def dali_index(url):
+    """``(text of the DALI index file, ShardReport)`` for the shard at ``url``; the text is
+    None when the shard has problems (they are in the report)."""
+    report = ShardReport(url)
+    try:
+        stream, counter = open_counted(url)
+    except (OSError, ValueError) as exn:
+        report.record(exn)
+        return None, report
+    lines = []
+    try:
+        if stream.peek(2)[:2] == GZIP_MAGIC:
+            report.problems.append(Problem(url, "dali", "gzip-compressed: DALI's reader needs an uncompressed tar"))
+        else:
+            members = _components(tar_splitter_class()(stream, url), url, report)
+            for sample in group_by_keys(members, handler=report.record):
+                components = [value for name, value in sample.items() if not name.startswith("__")]
+                for _, _, _, name, offset in components:
+                    if any(c.isspace() for c in name):
+                        report.problems.append(Problem(url, "dali", "whitespace in the member name, which "
+                                                       "DALI's index format cannot hold", name, offset))
+                lines.append(" ".join(f"{ext} {start} {size} {name}" for ext, start, size, name, _ in components))
+    finally:
+        stream.close()
+    report.samples = len(lines)
+    report.size = counter.finish()[0]
+    if not report.problems and not lines:
+        report.problems.append(Problem(url, "dali", "no samples: DALI refuses an index of none"))
+    if report.problems:
+        return None, report
+    return "".join(f"{line}\n" for line in [f"{DALI_VERSION} {len(lines)}"] + lines), report
+
+
+def _shard_name(url):
+    """A shard's name up to its first dot, as DALI's wds2idx names index files."""
+    path = local_path(url)
+    return os.path.basename(path if path is not None else urlsplit(url).path).split(".", 1)[0]
+
+
+def _dali_paths(output, urls):
+    """Where each shard's index file goes: ``output`` with ``{name}`` replaced by the shard's
+    name (up to its first dot), or ``output/<name>.idx`` when it has no ``{name}``."""
+    paths = {}
+    for url in urls:
+        name = _shard_name(url)
+        if not name:
+            die(f"cannot name an index file after {url!r}")
+        path = output.replace("{name}", name) if "{name}" in output else os.path.join(output, f"{name}.idx")
+        if path in paths.values():
+            other = next(u for u, p in paths.items() if p == path)
+            die(f"{other} and {url} would both write {path}; give -o a pattern that tells them apart")
+        paths[url] = path
+    return paths
+
+
+def _write_text(path, text):
+    """Write ``text`` to ``path`` atomically: a reader never sees half an index."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    temp = f"{path}.tmp{os.getpid()}"
+    with open(temp, "w") as stream:
+        stream.write(text)
+    os.replace(temp, path)
 
 
 def add_parser(subparsers):
-    """Nothing registered yet."""
+    parser = subparsers.add_parser(
+        "index", help="write the shard manifest (sample counts, sizes, sha256), or DALI index files",
+        description="Count the samples of each shard with wdsmp's reader and write the manifest its "
+                    "loaders read (index.json: url, samples, size, sha256 per shard; URLs relative to the "
+                    "manifest when the shards are beside or below it). With --format dali, write instead "
+                    "one index file per shard for DALI's fn.readers.webdataset(index_paths=...). Damaged "
+                    "shards are reported and get no index; the status is then 1.")
+    parser.add_argument("shards", nargs="+", metavar="SHARD", help="shards (paths, URLs, brace patterns, globs)")
+    parser.add_argument("-o", "--output", required=True,
+                        help="the manifest to write; with --format dali a directory, or a pattern with "
+                             "{name} (the shard's name up to its first dot), e.g. 'idx/{name}.idx'")
+    parser.add_argument("--format", choices=("json", "dali"), default="json",
+                        help="json: wdsmp's manifest (default); dali: DALI's per-shard index files")
+    parser.add_argument("--force", action="store_true", help="overwrite existing output")
+    add_common(parser)
+    parser.set_defaults(func=run)
+
+
+def _report_problems(reports):
+    """Print the problems on stderr; the number of shards that have any."""
+    bad = [report for report in reports if report.problems]
+    for report in bad:
+        for problem in report.problems:
+            print(f"wdsmp index: {problem}", file=sys.stderr)
+    return len(bad)
+
+
+def run(args):
+    if local_path(args.output) is None:
+        die(f"-o must be a local path, not {args.output!r}")
+    urls = expand_inputs(args.shards)
+    if "-" in urls:
+        die("an index lists shards by URL: stdin cannot be indexed")
+    if args.format == "dali":
+        paths = _dali_paths(args.output, urls)
+    else:
+        paths = {url: args.output for url in urls}
+    for path in set(paths.values()):
+        check_output(path, args.force)
+    reports = []
+    with Progress("index", total=len(urls), unit="shards", quiet=args.quiet) as progress:
+        for url in urls:
+            if args.format == "dali":
+                text, report = dali_index(url)
+                if text is not None:
+                    _write_text(paths[url], text)
+            else:
+                report = check_shard(url, hashed=True)
+            reports.append(report)
+            progress.update(1, report.size or 0)
+    bad = _report_problems(reports)
+    if args.format == "json" and not bad:
+        write_index(args.output, [{"url": relative_url(args.output, r.url), "samples": r.samples,
+                                   "size": r.size, "sha256": r.sha256} for r in reports])
+    if bad:
+        outcome = f"{args.output} not written" if args.format == "json" else "they got no index file"
+        print(f"wdsmp index: {bad} shard{'s' * (bad != 1)} with problems; {outcome}", file=sys.stderr)
+    good = [r for r in reports if not r.problems]
+    written = sorted({paths[r.url] for r in good}) if args.format == "dali" or not bad else []
+    samples = sum(r.samples for r in good)
+    if args.json:
+        print_json({"format": args.format, "written": written, "shards": len(good), "samples": samples,
+                    "bytes": sum(r.size for r in good), "failed": [r.url for r in reports if r.problems]})
+    elif not args.quiet:
+        what = args.output if args.format == "json" else f"{len(written)} DALI index files"
+        print(f"wdsmp index: wrote {what}: {len(good)} shards, {samples} samples", file=sys.stderr)
+    return 1 if bad else 0

@@ -1,0 +1,137 @@
+"""``wdsmp convert``: a function over every sample, one output shard per input, on a local
+process pool or a Dask cluster; complete outputs only, resumable, failures named."""
+
+import json
+import os
+import sys
+
+import pytest
+
+import wdsmp
+from wdsmp.cli import main
+
+# The map function, written into tmp_path as a module: the workers import it by name.
+MAPS = '''
+import os
+
+
+def relabel(sample):
+    """Drops class 0, writes class 1 twice (a copy under a new key), upper-cases the text;
+    fails on the key named by $FAIL_ON_KEY, dies on the one named by $DIE_ON_KEY."""
+    if sample["__key__"] == os.environ.get("FAIL_ON_KEY"):
+        raise ValueError("cannot convert this one")
+    if sample["__key__"] == os.environ.get("DIE_ON_KEY"):
+        os._exit(9)
+    label = int(sample["cls"])
+    if label == 0:
+        return None
+    out = {"__key__": sample["__key__"], "txt": sample["txt"].upper(), "cls": label}
+    return [out, dict(out, __key__=sample["__key__"] + "_copy")] if label == 1 else out
+'''
+
+SAMPLES = 7  # per shard: classes 0, 1, 2, 0, 1, 2, 0 -> 3 dropped, 2 doubled, 2 kept: 6 out
+
+
+@pytest.fixture
+def shards(tmp_path):
+    """Three input shards in tmp_path/in, and the map module in tmp_path."""
+    (tmp_path / "maps.py").write_text(MAPS)
+    (tmp_path / "in").mkdir()
+    for name in "abc":
+        with wdsmp.TarWriter(str(tmp_path / "in" / f"{name}.tar")) as sink:
+            for i in range(SAMPLES):
+                sink.write({"__key__": f"{name}{i}", "txt": f"sample {i} of {name}", "cls": i % 3})
+    return tmp_path
+
+
+def _read(path):
+    return [(s["__key__"], s["txt"], s["cls"]) for s in wdsmp.tarfile_samples([str(path)])]
+
+
+def _check_relabelled(outdir):
+    assert sorted(os.listdir(outdir)) == ["a.tar", "b.tar", "c.tar"]  # nothing partial left
+    assert _read(outdir / "b.tar") == [
+        ("b1", b"SAMPLE 1 OF B", b"1"), ("b1_copy", b"SAMPLE 1 OF B", b"1"), ("b2", b"SAMPLE 2 OF B", b"2"),
+        ("b4", b"SAMPLE 4 OF B", b"1"), ("b4_copy", b"SAMPLE 4 OF B", b"1"), ("b5", b"SAMPLE 5 OF B", b"2")]
+
+
+def test_local_pool_failure_named_then_a_rerun_resumes(shards, wdsmp_run):
+    """One scenario, for time: a failing sample fails its shard alone and is named; once fixed,
+    a rerun converts that shard only, replacing a partial file a killed run left."""
+    command = ["convert", "--map", "maps:relabel", "-o", "out", "--workers", "2", "in/a.tar", "in/{b,c}.tar"]
+    result = wdsmp_run(*command, env={"FAIL_ON_KEY": "b3"})
+    assert result.returncode == 1
+    assert f"--map maps:relabel raised ValueError: cannot convert this one (shard '{shards}/in/b.tar', " \
+           "sample 'b3')" in result.stderr
+    assert 'maps.py", line 9, in relabel\n    raise ValueError' in result.stderr  # the function's traceback
+    assert "2 shards converted, 0 skipped (already complete), 1 failed; 14 samples in, 12 out" in result.stdout
+    assert sorted(os.listdir(shards / "out")) == ["a.tar", "c.tar"]  # the others' outputs stay, b's is gone
+    before = os.stat(shards / "out" / "a.tar")
+
+    (shards / "out" / ".partial-b.tar").write_bytes(b"left by a killed run")
+    result = wdsmp_run(*command, "--json")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert {k: summary[k] for k in ("shards", "done", "skipped", "failed", "samples_in", "samples_out")} == {
+        "shards": 3, "done": 1, "skipped": 2, "failed": 0, "samples_in": SAMPLES, "samples_out": 6}
+    _check_relabelled(shards / "out")
+    assert os.stat(shards / "out" / "a.tar").st_mtime_ns == before.st_mtime_ns  # skipped, not rewritten
+
+
+def test_a_worker_that_dies_fails_its_shard_and_starts_nothing_more(shards, wdsmp_run):
+    result = wdsmp_run("convert", "--map", "maps:relabel", "-o", "out", "--workers", "1", "--json",
+                       "in/{a,b,c}.tar", env={"DIE_ON_KEY": "b2"})
+    assert result.returncode == 1
+    assert f"a worker process died (killed, out of memory, a crash) while shard '{shards}/in/b.tar' was " \
+        "converting" in result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["done"], summary["failed"], summary["not_started"]) == (1, 1, 1)
+    assert sorted(os.listdir(shards / "out")) == [".partial-b.tar", "a.tar"]  # a rerun overwrites the partial
+
+
+@pytest.fixture
+def dask_scheduler(shards, monkeypatch):
+    """The address of a local Dask cluster of two worker processes, closed after the test."""
+    from dask.distributed import LocalCluster
+
+    monkeypatch.syspath_prepend(str(shards))  # spawned workers start with this sys.path: maps imports
+    cluster = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                           dashboard_address=None, local_directory=str(shards / "dask"))
+    try:
+        yield cluster.scheduler_address
+    finally:
+        cluster.close()
+
+
+def test_dask_cluster(shards, dask_scheduler, wdsmp_run):
+    result = wdsmp_run("convert", "--map", "maps:relabel", "-o", "out", "--scheduler", dask_scheduler, "--json",
+                       "in/{a..c}.tar")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["done"], summary["samples_in"], summary["samples_out"]) == (3, 21, 18)
+    _check_relabelled(shards / "out")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--map", "json"], "--map json: ValueError: 'json' is not module:function"),
+    (["--map", "json:nothing"], "--map json:nothing: AttributeError"),
+    (["--map", "no_such_module:f"], "No module named 'no_such_module'"),
+    (["--map", "json:dumps", "--workers", "2", "--scheduler", "tcp://127.0.0.1:1"], "a Dask cluster has its own"),
+    (["--map", "json:dumps", "-o", "in"], "in/a.tar is in the output directory"),
+    (["--map", "json:dumps", "x/a.tar"], "in/a.tar would both be written to"),
+])
+def test_usage_errors(shards, monkeypatch, capsys, args, message):
+    monkeypatch.chdir(shards)
+    monkeypatch.syspath_prepend(str(shards))  # restores sys.path, where convert puts the working directory
+    (shards / "x").mkdir()
+    (shards / "x" / "a.tar").write_bytes((shards / "in" / "a.tar").read_bytes())
+    assert main(["convert", "-o", "out", *args, "in/a.tar"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_scheduler_without_dask_says_what_to_install(shards, monkeypatch, capsys):
+    monkeypatch.chdir(shards)
+    monkeypatch.syspath_prepend(str(shards))
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)  # import fails, as where it is not installed
+    assert main(["convert", "--map", "json:dumps", "-o", "out", "--scheduler", "tcp://127.0.0.1:1", "in/a.tar"]) == 2
+    assert "pip install 'wdsmp[dask]'" in capsys.readouterr().err

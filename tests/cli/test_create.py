@@ -1,0 +1,197 @@
+"""``wdsmp create``: shards from directories, ImageFolder trees and recipes, checked with tar(1)."""
+
+import argparse
+import gzip
+import json
+import os
+import subprocess
+import tarfile
+
+import pytest
+
+from wdsmp.cli import create, listing, main, reshard
+from wdsmp.cli.create import parse_size
+
+
+def members(path):
+    """``[(name, bytes)]`` of a tar file, in archive order."""
+    with tarfile.open(path) as archive:
+        return [(m.name, archive.extractfile(m).read()) for m in archive]
+
+
+def tar_names(path):
+    """Member names as the system tar lists them."""
+    return subprocess.run(["tar", "tf", str(path)], capture_output=True, text=True, check=True).stdout.split()
+
+
+def make_tree(root, files):
+    for name, data in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+TREE = {
+    "b/2.jpg": b"\xff\xd8jpeg-2",
+    "b/2.json": b'{"n": 2}',
+    "a/1.seg.png": b"\x89PNG-1",
+    "a/1.txt": b"one",
+    "a.b/3.TXT": b"three",
+    ".hidden/4.txt": b"skipped",
+    "a/.DS_Store": b"skipped",
+}
+
+
+def test_directory_to_series(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    make_tree(tmp_path / "src", TREE)
+    assert main(["create", "--json", "--maxcount", "2", "-o", "out-%06d.tar", "src"]) == 0
+    result = capsys.readouterr()
+    summary = json.loads(result.out)
+    assert summary["samples"] == 3
+    assert summary["outputs"] == [{"url": "out-000000.tar", "samples": 2}, {"url": "out-000001.tar", "samples": 1}]
+    assert tar_names(tmp_path / "out-000000.tar") == ["a.b/3.TXT", "a/1.seg.png", "a/1.txt"]  # keys sorted
+    assert tar_names(tmp_path / "out-000001.tar") == ["b/2.jpg", "b/2.json"]
+    assert members(tmp_path / "out-000001.tar") == [("b/2.jpg", TREE["b/2.jpg"]), ("b/2.json", TREE["b/2.json"])]
+    assert "wdsmp create: 3/3 samples" in result.err
+
+
+def test_clobber_refused_end_to_end(tmp_path, wdsmp_run):
+    make_tree(tmp_path / "src", TREE)
+    (tmp_path / "out.tar").write_bytes(b"precious")
+    result = wdsmp_run("create", "-o", "out.tar", "src")
+    assert result.returncode == 2
+    assert "out.tar exists; remove it or pass --force" in result.stderr
+    assert (tmp_path / "out.tar").read_bytes() == b"precious"
+
+
+def test_force_overwrites_and_output_is_deterministic(tmp_path, capsys):
+    src = make_tree(tmp_path / "src", TREE)
+    out = tmp_path / "out.tar"
+    assert main(["create", "-q", "-o", str(out), str(src)]) == 0
+    first = out.read_bytes()
+    os.utime(src / "a/1.txt", (1, 1))  # mtimes do not reach the archive
+    assert main(["create", "-q", "--force", "-o", str(out), str(src)]) == 0
+    assert out.read_bytes() == first
+    assert capsys.readouterr().err == ""
+
+
+def test_compression_follows_the_name(tmp_path):
+    src = make_tree(tmp_path / "src", TREE)
+    assert main(["create", "-q", "-o", str(tmp_path / "out.tar.gz"), str(src)]) == 0
+    assert gzip.decompress((tmp_path / "out.tar.gz").read_bytes())[:5] == b"a.b/3"
+
+
+def test_maxsize_cuts_shards(tmp_path, capsys):
+    src = make_tree(tmp_path / "src", {f"{i}.bin": bytes(3000) for i in range(5)})
+    assert main(["create", "-q", "--json", "--maxsize", "8k", "-o", str(tmp_path / "s-%d.tar"), str(src)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [o["samples"] for o in summary["outputs"]] == [2, 2, 1]  # 4096 tar bytes per sample
+
+
+def test_imagefolder(tmp_path, capsys):
+    src = make_tree(tmp_path / "train", {"dog/d1.jpg": b"d1", "cat/c1.jpg": b"c1", "cat/c2.JPEG": b"c2",
+                                         "emu/.keep": b""})
+    out = tmp_path / "shards" / "train.tar"
+    out.parent.mkdir()
+    assert main(["create", "-q", "--json", "--imagefolder", "-o", str(out), str(src)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["classes"] == 3 and summary["classes_file"] == str(tmp_path / "shards" / "classes.json")
+    assert json.loads((tmp_path / "shards" / "classes.json").read_text()) == {"cat": 0, "dog": 1, "emu": 2}
+    assert members(out) == [("cat/c1.cls", b"0"), ("cat/c1.jpg", b"c1"), ("cat/c2.JPEG", b"c2"),
+                            ("cat/c2.cls", b"0"), ("dog/d1.cls", b"1"), ("dog/d1.jpg", b"d1")]
+    # A second split with the same classes leaves the index alone; different classes need --force.
+    assert main(["create", "-q", "--imagefolder", "-o", str(out.with_name("val.tar")), str(src)]) == 0
+    (src / "fox").mkdir()
+    assert main(["create", "-q", "--imagefolder", "-o", str(out.with_name("x.tar")), str(src)]) == 2
+    assert "classes.json exists" in capsys.readouterr().err
+    assert not out.with_name("x.tar").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--imagefolder", "-o", "-", "src"], "--imagefolder needs --classes FILE"),
+    (["--recipe", "r", "-o", "x.tar", "src"], "give either a SOURCE"),
+    (["-o", "x.tar"], "give either a SOURCE"),
+    (["--recipe", "r", "--imagefolder", "-o", "x.tar"], "--imagefolder reads a directory"),
+    (["--classes", "c.json", "-o", "x.tar", "src"], "--classes goes with --imagefolder"),
+    (["--maxcount", "3", "-o", "x.tar", "src"], "--maxcount and --maxsize cut a series"),
+    (["--json", "-o", "-", "src"], "--json prints on stdout"),
+    (["-o", "x.tar", "nowhere"], "nowhere: not a directory"),
+    (["-o", "x.tar", "empty"], "no samples in empty"),
+    (["-o", "src/cls/x-%d.tar", "src"], "lies inside SOURCE"),
+])
+def test_usage_errors(tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.chdir(tmp_path)
+    make_tree(tmp_path / "src", {"cls/a.txt": b"a"})
+    (tmp_path / "empty").mkdir()
+    assert main(["create", *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x.tar").exists()
+
+
+@pytest.mark.parametrize("files, message", [
+    ({"README": b"x"}, "README: no extension"),
+    ({"a.txt": b"x", "a.TXT": b"y"}, "has fields"),
+])
+def test_files_that_would_not_read_back(tmp_path, capsys, files, message):
+    src = make_tree(tmp_path / "src", files)
+    assert main(["create", "-o", str(tmp_path / "x.tar"), str(src)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_imagefolder_refuses_loose_files_and_cls_fields(tmp_path, capsys):
+    src = make_tree(tmp_path / "src", {"top.jpg": b"x"})
+    assert main(["create", "--imagefolder", "-o", str(tmp_path / "x.tar"), str(src)]) == 2
+    assert "files belong in class directories" in capsys.readouterr().err
+    src = make_tree(tmp_path / "src2", {"c/a.cls": b"7"})
+    assert main(["create", "--imagefolder", "-o", str(tmp_path / "x.tar"), str(src)]) == 2
+    assert "a .cls file" in capsys.readouterr().err
+
+
+def test_recipe(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data.bin").write_bytes(b"\x00\x01binary")
+    (tmp_path / "recipe").write_text("# samples in order of first appearance\n\n"
+                                     "z/9.txt text:hello, world\n"
+                                     "a.bin data.bin\n"
+                                     "z/9.out   pipe:printf 'from %s' pipe\n"
+                                     "a.txt text:α\n", encoding="utf-8")
+    assert main(["create", "-q", "--recipe", "recipe", "-o", "r.tar"]) == 0
+    assert members(tmp_path / "r.tar") == [("z/9.out", b"from pipe"), ("z/9.txt", b"hello, world"),
+                                           ("a.bin", b"\x00\x01binary"), ("a.txt", "α".encode())]
+
+
+@pytest.mark.parametrize("recipe, status, message", [
+    ("a.txt\n", 2, "line 1: expected 'archive-name source'"),
+    ("# c\nnoext text:x\n", 2, "line 2: archive name 'noext' has no extension"),
+    ("a.txt text:x\na.txt text:y\n", 2, "line 2: 'a.txt' appears twice"),
+    ("a.txt text:x\nb.txt pipe:echo oops >&2; exit 3\n", 1, "exited with status 3: oops"),
+    ("a.txt missing.bin\n", 1, "cannot open 'missing.bin'"),
+    ("", 2, "no samples in recipe"),
+])
+def test_recipe_errors_leave_no_output(tmp_path, capsys, monkeypatch, recipe, status, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipe").write_text(recipe)
+    assert main(["create", "-q", "--recipe", "recipe", "-o", "out-%03d.tar", "--maxcount", "1"]) == status
+    assert message in capsys.readouterr().err
+    assert not list(tmp_path.glob("out-*"))
+
+
+def test_parse_size():
+    assert [parse_size(s) for s in ("3e9", "500M", "1G", "1.5k", "512Mi", "10", "2KB")] == [
+        3 * 10**9, 500 * 10**6, 10**9, 1500, 512 * 2**20, 10, 2000]
+    for bad in ("", "0", "-1", "1X", "G"):
+        with pytest.raises(argparse.ArgumentTypeError, match="not a positive size"):
+            parse_size(bad)
+
+
+def test_help_texts_format():
+    """argparse %-formats help strings: a literal out-%06d.tar there must be escaped."""
+    parser = argparse.ArgumentParser(prog="wdsmp")
+    subparsers = parser.add_subparsers()
+    for module in (create, reshard, listing):
+        module.add_parser(subparsers)
+    assert "out-%06d.tar" in parser.format_help()
+    for subparser in subparsers.choices.values():
+        subparser.format_help()

@@ -1,0 +1,189 @@
+"""``wdsmp cat`` and ``wdsmp split``: every sample copied byte for byte, shuffles repeatable."""
+
+import io
+import json
+import random
+import subprocess
+import tarfile
+
+import pytest
+
+import wdsmp as wds
+from wdsmp.cli import main
+
+
+def read_tar(source):
+    """``[(key, {extension: bytes})]`` of a tar (path or bytes), grouped here by hand, not by wdsmp;
+    a key that comes back after its sample ended fails the test."""
+    archive = tarfile.open(fileobj=io.BytesIO(source)) if isinstance(source, bytes) else tarfile.open(source)
+    samples = []
+    with archive:
+        for member in archive:
+            slash = member.name.rfind("/") + 1
+            key, ext = member.name[:member.name.index(".", slash)], member.name[member.name.index(".", slash) + 1:]
+            if not samples or samples[-1][0] != key:
+                assert key not in [k for k, _ in samples], f"{key} is not contiguous"
+                samples.append((key, {}))
+            samples[-1][1][ext] = archive.extractfile(member).read()
+    return samples
+
+
+def write_shards(directory, samples, per_shard, name="in"):
+    """Shards of ``per_shard`` samples written with wdsmp's writer; their paths."""
+    paths = []
+    for start in range(0, len(samples), per_shard):
+        paths.append(directory / f"{name}-{len(paths):02d}.tar")
+        with wds.TarWriter(str(paths[-1]), encoder=False, keep_meta=True) as writer:
+            for key, fields in samples[start:start + per_shard]:
+                writer.write({"__key__": key, **fields})
+    return paths
+
+
+def make_samples(n, seed=0):
+    rng = random.Random(seed)
+    samples = []
+    for i in range(n):
+        fields = {"jpg": rng.randbytes(rng.randrange(0, 3000)), "cls": str(i % 7).encode()}
+        if i % 3 == 0:
+            fields["Seg.PNG"] = rng.randbytes(100)
+        if i % 4 == 0:
+            fields["_meta"] = b"kept"
+        samples.append((f"dir{i % 3}/sample{i:04d}", fields))
+    return samples
+
+
+def test_create_cat_split_round_trip(tmp_path, wdsmp_run):
+    """Through stdout and stdin, shuffled: every sample arrives whole, byte for byte."""
+    tree = {f"d{i % 3}/s{i:03d}": {"jpg": random.Random(i).randbytes(i * 97), "Seg.PNG": b"m" * i, "json": b"{}"}
+            for i in range(20)}
+    tree["d0/" + "long" * 40] = {"txt": b""}  # a pax header for the long name; an empty field
+    for key, fields in tree.items():
+        for ext, data in fields.items():
+            (tmp_path / "src" / key).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "src" / f"{key}.{ext}").write_bytes(data)
+
+    created = wdsmp_run("create", "-q", "--maxcount", "6", "-o", "src-%06d.tar", "src")
+    assert created.returncode == 0, created.stderr
+    cat = wdsmp_run("cat", "-q", "--shuffle", "--seed", "7", "-o", "-", "src-{000000..000003}.tar", text=False)
+    assert cat.returncode == 0, cat.stderr
+    split = wdsmp_run("split", "--json", "--maxcount", "8", "-o", "out-%06d.tar", "-", input=cat.stdout, text=False)
+    assert split.returncode == 0, split.stderr
+
+    shuffled = read_tar(cat.stdout)
+    assert [key for key, _ in shuffled] != sorted(tree)
+    assert dict(shuffled) == tree
+    outputs = json.loads(split.stdout.decode())["outputs"]
+    assert [o["samples"] for o in outputs] == [8, 8, 5]
+    got = []
+    for output in outputs:
+        listed = subprocess.run(["tar", "tf", tmp_path / output["url"]], capture_output=True, text=True, check=True)
+        got += read_tar(tmp_path / output["url"])
+        assert listed.stdout.split() == [f"{key}.{ext}" for key, fields in read_tar(tmp_path / output["url"])
+                                         for ext in fields]
+    assert got == shuffled
+    # The same command in-process gives the same bytes: the shuffle depends on the seed only.
+    assert main(["cat", "-q", "--shuffle", "--seed", "7", "-o", str(tmp_path / "again.tar"),
+                 *sorted(str(p) for p in tmp_path.glob("src-*.tar"))]) == 0
+    assert (tmp_path / "again.tar").read_bytes() == cat.stdout
+
+
+def test_missing_input_end_to_end(tmp_path, wdsmp_run):
+    result = wdsmp_run("cat", "-o", "out.tar", "missing.tar")
+    assert result.returncode == 2
+    assert "no such file: missing.tar" in result.stderr
+    assert not (tmp_path / "out.tar").exists()
+
+
+def test_cat_keeps_order_case_and_metadata_fields(tmp_path):
+    samples = make_samples(10)
+    paths = write_shards(tmp_path, samples, 4)
+    with wds.TarWriter(str(tmp_path / "in.tar.gz"), encoder=False) as writer:  # gzip inputs too
+        writer.write({"__key__": "zz", "TXT": b"upper"})
+    assert main(["cat", "-q", "-o", str(tmp_path / "all.tar"), *map(str, paths), str(tmp_path / "in.tar.gz")]) == 0
+    assert read_tar(tmp_path / "all.tar") == samples + [("zz", {"TXT": b"upper"})]
+
+
+def test_shuffle_is_seeded(tmp_path):
+    samples = make_samples(40)
+    paths = [str(p) for p in write_shards(tmp_path, samples, 8)]
+
+    def shuffled(name, *options):
+        assert main(["cat", "-q", "--shuffle", *options, "-o", str(tmp_path / name), *paths]) == 0
+        return read_tar(tmp_path / name)
+
+    first, again, other = shuffled("1.tar"), shuffled("2.tar"), shuffled("3.tar", "--seed", "1")
+    assert first == again != other
+    assert sorted(first) == sorted(other) == sorted(samples)
+    # With a buffer of one, only the shard order changes.
+    blocks = shuffled("4.tar", "--seed", "3", "--buffer", "1")
+    starts = [blocks[i] for i in range(0, 40, 8)]
+    assert blocks == [s for start in starts for s in samples[samples.index(start):samples.index(start) + 8]]
+    assert starts != [samples[i] for i in range(0, 40, 8)]
+
+
+def test_split_limits(tmp_path, capsys):
+    paths = [str(p) for p in write_shards(tmp_path, make_samples(10), 10)]
+    assert main(["split", "-q", "--json", "--maxcount", "3", "-o", str(tmp_path / "c-%d.tar"), *paths]) == 0
+    assert [o["samples"] for o in json.loads(capsys.readouterr().out)["outputs"]] == [3, 3, 3, 1]
+    sized = [("k%d" % i, {"bin": bytes(1000)}) for i in range(5)]
+    paths = [str(p) for p in write_shards(tmp_path, sized, 5, name="sized")]
+    assert main(["split", "-q", "--json", "--maxsize", "4.5k", "-o", str(tmp_path / "s-%d.tar"), *paths]) == 0
+    assert [o["samples"] for o in json.loads(capsys.readouterr().out)["outputs"]] == [2, 2, 1]
+
+
+def test_members_outside_samples_are_counted(tmp_path, capsys):
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for name in ("README", "a.txt"):
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            archive.addfile(info, io.BytesIO(b"x"))
+    (tmp_path / "in.tar").write_bytes(buffer.getvalue())
+    assert main(["cat", "-q", "--json", "-o", str(tmp_path / "out.tar"), str(tmp_path / "in.tar")]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["skipped_members"] == 1
+    assert "warning: 1 members outside any sample (no extension) were not copied" in err
+    assert read_tar(tmp_path / "out.tar") == [("a", {"txt": b"x"})]
+
+
+@pytest.mark.parametrize("command, damage, message", [
+    ("cat", "truncate", "truncated tar archive"),
+    ("split", "checksum", "bad tar header checksum"),
+    ("cat", "duplicate", "key 'dir0/sample0000' occurs twice in output"),
+])
+def test_failures_leave_no_output(tmp_path, capsys, command, damage, message):
+    paths = write_shards(tmp_path, make_samples(12), 4)
+    data = paths[2].read_bytes()
+    if damage == "truncate":
+        paths[2].write_bytes(data[:len(data) // 2])
+    elif damage == "checksum":
+        with tarfile.open(paths[2]) as archive:
+            offset = archive.getmembers()[4].offset
+        paths[2].write_bytes(data[:offset + 5] + b"X" + data[offset + 6:])
+    else:
+        paths[2].write_bytes(paths[0].read_bytes())
+    out = "out-%d.tar" if command == "split" else "out.tar"
+    argv = [command, "-q", "-o", str(tmp_path / out), *map(str, paths)]
+    assert main(argv + (["--maxcount", "3"] if command == "split" else [])) == 1
+    err = capsys.readouterr().err
+    assert message in err
+    if damage != "duplicate":
+        assert repr(str(paths[2])) in err  # the message names the damaged shard
+    assert not list(tmp_path.glob("out*"))
+
+
+@pytest.mark.parametrize("argv, status, message", [
+    (["cat", "-o", "x-%03d.tar", "in-00.tar"], 2, "cat writes one archive"),
+    (["split", "-o", "x.tar", "in-00.tar"], 2, "split writes a series"),
+    (["cat", "-o", "x.tar", "--seed", "1", "in-00.tar"], 2, "--seed and --buffer go with --shuffle"),
+    (["cat", "-o", "in-00.tar", "--force", "in-00.tar"], 2, "is an input; it cannot be an output too"),
+    (["split", "-o", "in-%02d.tar", "--force", "in-00.tar"], 2, "is an input; it cannot be an output too"),
+    (["cat", "-o", "x.tar", "missing-*.tar"], 2, "shard pattern 'missing-*.tar' matches no files"),
+])
+def test_usage_errors(tmp_path, capsys, monkeypatch, argv, status, message):
+    monkeypatch.chdir(tmp_path)
+    before = write_shards(tmp_path, make_samples(3), 3)[0].read_bytes()
+    assert main(argv) == status
+    assert message in capsys.readouterr().err
+    assert (tmp_path / "in-00.tar").read_bytes() == before
+    assert not list(tmp_path.glob("x*"))

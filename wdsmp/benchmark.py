@@ -1,0 +1,395 @@
+"""The loader benchmark: training-loader throughput on an ImageNet-like corpus, the contenders
+side by side in one run.
+
+It lives in the package so that ``wdsmp bench --corpus DIR`` measures an installed wdsmp;
+``python benchmarks/bench_loader.py --corpus DIR`` runs the same code from a checkout and can
+record the table in ``benchmarks/RESULTS.md``. The corpus is a directory written by
+``benchmarks/make_corpus.py``: shards of photographic JPEGs and an ``index.json``.
+
+The contenders (``CONTENDERS``), each run with the same worker count:
+
+- "DataLoader pipeline": what users run today, ``wdsmp.DataPipeline(SimpleShardList,
+  split_by_worker, tarfile_to_samples(), decode("pil"), to_tuple("jpg;ppm", "cls"),
+  map_tuple(RandomResizedCrop(224) + random flip in PIL, None), batched(B))`` in
+  ``torch.utils.data.DataLoader(num_workers=N, batch_size=None, persistent_workers=True)``;
+  batches of (B, 224, 224, 3) uint8 and (B,) int64 tensors.
+- "FastLoader": ``wdsmp.FastLoader(index.json, B, num_workers=N)``, train mode
+  (RandomResizedCrop(224) + flip), batches as zero-copy tensors of the same shapes.
+- "decode-only ceiling": libjpeg-turbo (simplejpeg) decoding the corpus's JPEGs
+  (``.ppm`` members: parsed and copied) to full-size RGB on one core, timed
+  call by call, times N workers: what N workers could reach if decoding were
+  all they did, with no crop, resize, batching or transfer.
+
+The contenders run one after the other, ``--rounds`` times over (so that a
+busy moment on a shared machine hits all of them alike); each one's best round
+is reported, its ratio to the DataLoader pipeline's best round beside it.
+Loaders are built afresh each round and iterated epoch after epoch (a new
+``iter()`` at each end, as a training loop does; epoch ends are timed too, so
+a small corpus weighs them more than ImageNet would); after the first batch
+(its latency, from constructing the loader, reported on its own) and
+``--warmup`` seconds, the images delivered in the next ``--seconds`` are
+counted. CPU is the CPU time of this process and its descendants alive at the
+end of the timed window, in cores busy over that window (psutil); peak PSS is
+the largest sum of PSS over the same processes, sampled every 0.25 s from the
+loader's construction on (``memory_full_info``); PSS growth is the change of
+that sum from the start to the end of the timed window, over the epochs the
+window held (a loader whose memory grows with epochs or data shows it); other load is the CPU the
+rest of the machine used meanwhile (all cores busy, hypervisor steal
+included, minus ours), so a figure taken while something else ran shows it.
+The shards are read once first, so they come from the page cache.
+"""
+
+import json
+import math
+import os
+import platform
+import random
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import psutil
+import simplejpeg
+import torch
+from PIL import Image
+
+from . import (DataPipeline, FastLoader, SimpleShardList, batched, decode, map_tuple, split_by_worker,
+               tarfile_to_samples, to_tuple)
+
+__all__ = ["BASELINE", "CONTENDERS", "CROP_SIZE", "Corpus", "Result", "as_json", "best", "header", "machine",
+           "open_corpus", "run", "summary"]
+
+BASELINE = "DataLoader pipeline"
+CROP_SIZE = 224
+CEILING_WARMUP_IMAGES = 50
+
+
+@dataclass
+class Corpus:
+    """A corpus written by ``make_corpus.py``: its directory, shard urls and index."""
+
+    directory: str
+    urls: list
+    index: dict
+
+    @classmethod
+    def load(cls, directory):
+        with open(os.path.join(directory, "index.json")) as stream:
+            index = json.load(stream)
+        return cls(directory, [os.path.join(directory, s["url"]) for s in index["shards"]], index)
+
+    def describe(self):
+        i = self.index
+        return (f"{i['samples']} images ({i['jpg']} .jpg, {i['ppm']} .ppm) in {len(self.urls)} shards, "
+                f"mean {i['mean_bytes'] / 1e3:.1f} KB and {i['mean_width']}x{i['mean_height']} px "
+                f"(`{i['command']}`)")
+
+
+def open_corpus(directory, workers):
+    """The corpus in ``directory``, checked before any measuring starts: ValueError if it is not
+    one, or has fewer shards than ``workers`` (a worker without a shard would measure nothing)."""
+    try:
+        corpus = Corpus.load(directory)
+    except (OSError, ValueError, KeyError) as exn:
+        raise ValueError(f"{directory} is not a corpus written by benchmarks/make_corpus.py "
+                         f"(its index.json: {exn})") from exn
+    if len(corpus.urls) < workers:
+        raise ValueError(f"{len(corpus.urls)} shards cannot keep {workers} workers busy")
+    return corpus
+
+
+@dataclass
+class Result:
+    """One contender's figures; None where they do not apply."""
+
+    images_per_s: float
+    first_batch_s: float = None
+    cpu_cores: float = None
+    peak_pss: int = None
+    other_cores: float = None
+    pss_growth: int = None
+    images: int = None
+    note: str = None
+
+
+class RandomResizedCropFlip:
+    """torchvision's ``RandomResizedCrop(size)`` (area 8-100%, aspect 3/4-4/3, bilinear)
+    then a horizontal flip half of the time, in PIL: PIL image -> (size, size, 3) uint8 array."""
+
+    def __init__(self, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+        self.size, self.scale = size, scale
+        self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+
+    def box(self, width, height):
+        """torchvision's ``RandomResizedCrop.get_params``, as a PIL box."""
+        area = width * height
+        for _ in range(10):
+            target_area = area * random.uniform(*self.scale)
+            aspect = math.exp(random.uniform(*self.log_ratio))
+            w = round(math.sqrt(target_area * aspect))
+            h = round(math.sqrt(target_area / aspect))
+            if 0 < w <= width and 0 < h <= height:
+                x, y = random.randint(0, width - w), random.randint(0, height - h)
+                return x, y, x + w, y + h
+        ratio = width / height  # fall back to a central crop
+        lowest, highest = math.exp(self.log_ratio[0]), math.exp(self.log_ratio[1])
+        w, h = width, height
+        if ratio < lowest:
+            h = round(w / lowest)
+        elif ratio > highest:
+            w = round(h * highest)
+        x, y = (width - w) // 2, (height - h) // 2
+        return x, y, x + w, y + h
+
+    def __call__(self, image):
+        image = image.resize((self.size, self.size), Image.BILINEAR, box=self.box(*image.size))
+        if random.random() < 0.5:
+            image = image.transpose(Image.FLIP_LEFT_RIGHT)
+        return np.asarray(image)
+
+
+class ProcessTree:
+    """CPU time and peak PSS of this process and its descendants; PSS sampled by a thread."""
+
+    def __init__(self, interval=0.25):
+        self.root = psutil.Process()
+        self.interval = interval
+        self.peak_pss = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, name="pss-sampler", daemon=True)
+
+    def processes(self):
+        return [self.root, *self.root.children(recursive=True)]
+
+    def pss(self):
+        total = 0
+        for process in self.processes():
+            try:
+                total += process.memory_full_info().pss
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def cpu_seconds(self):
+        """{(pid, create time): user + system seconds} of the processes alive now."""
+        seconds = {}
+        for process in self.processes():
+            try:
+                with process.oneshot():
+                    times = process.cpu_times()
+                    seconds[process.pid, process.create_time()] = times.user + times.system
+            except psutil.NoSuchProcess:
+                pass
+        return seconds
+
+    def _sample(self):
+        while True:
+            self.peak_pss = max(self.peak_pss, self.pss())
+            if self._stop.wait(self.interval):
+                return
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self._stop.set()
+        self._thread.join()
+        self.peak_pss = max(self.peak_pss, self.pss())
+
+
+def machine_busy_seconds():
+    """CPU seconds the whole machine has been busy, all cores, hypervisor steal included."""
+    t = psutil.cpu_times()
+    return t.user + t.nice + t.system + t.irq + t.softirq + t.steal
+
+
+def _endless(iterable):
+    """Epoch after epoch: a new ``iter()`` each time one ends."""
+    while True:
+        yield from iterable
+
+
+def measure_loader(make_loader, args):
+    """Run the loader ``make_loader()`` returns (batches of (images, labels)): images per second
+    after warm-up, first-batch latency, CPU cores busy, peak PSS."""
+    with ProcessTree() as tree:
+        start = time.perf_counter()
+        batches = _endless(make_loader())
+        next(batches)
+        first_batch = time.perf_counter() - start
+        while time.perf_counter() - start < first_batch + args.warmup:
+            next(batches)
+        cpu_before, machine_before = tree.cpu_seconds(), machine_busy_seconds()
+        pss_before = tree.pss()
+        window_start = time.perf_counter()
+        images = 0
+        while time.perf_counter() - window_start < args.seconds:
+            images += len(next(batches)[1])
+        window = time.perf_counter() - window_start
+        cpu_after, machine_after = tree.cpu_seconds(), machine_busy_seconds()
+        pss_growth = tree.pss() - pss_before
+        del batches  # stops the workers before the PSS sampler's last look
+    busy = sum(seconds - cpu_before.get(key, 0.0) for key, seconds in cpu_after.items())
+    other = machine_after - machine_before - busy
+    return Result(images / window, first_batch, busy / window, tree.peak_pss, other / window, pss_growth, images)
+
+
+def make_dataloader(corpus, args):
+    """The pipeline users run today, in a torch DataLoader."""
+    dataset = DataPipeline(
+        SimpleShardList(corpus.urls),
+        split_by_worker,
+        tarfile_to_samples(),
+        decode("pil"),
+        to_tuple("jpg;ppm", "cls"),
+        map_tuple(RandomResizedCropFlip(CROP_SIZE), None),
+        batched(args.batch_size),
+    )
+    return torch.utils.data.DataLoader(dataset, num_workers=args.workers, batch_size=None,
+                                       persistent_workers=True)
+
+
+def dataloader_pipeline(corpus, args):
+    """The baseline: ``make_dataloader`` measured."""
+    return measure_loader(lambda: make_dataloader(corpus, args), args)
+
+
+def _decode_ppm(data):
+    """Binary 8-bit RGB PPM (as make_corpus writes it) -> (H, W, 3) uint8, copied."""
+    magic, width, height, maxval = data[:32].split(maxsplit=4)[:4]
+    if magic != b"P6" or maxval != b"255":
+        raise ValueError(f"not an 8-bit binary PPM without comments: {data[:16]!r}")
+    shape = (int(height), int(width), 3)
+    size = shape[0] * shape[1] * 3
+    return np.frombuffer(data, np.uint8, size, len(data) - size).reshape(shape).copy()
+
+
+def decode_ceiling(corpus, args):
+    """One core's decode rate over the corpus (its first images excluded), times the workers."""
+    samples = _endless(DataPipeline(SimpleShardList(corpus.urls), tarfile_to_samples()))
+    seconds, images, jpeg_bytes, jpegs = 0.0, 0, 0, 0
+    me = psutil.Process()
+    for seen, sample in enumerate(samples):
+        if seen == CEILING_WARMUP_IMAGES:
+            own_before, machine_before = sum(me.cpu_times()[:2]), machine_busy_seconds()
+            window_start = time.perf_counter()
+        if seconds >= args.seconds:
+            break
+        data = sample.get("jpg")
+        start = time.perf_counter()
+        if data is None:
+            _decode_ppm(sample["ppm"])
+        else:
+            simplejpeg.decode_jpeg(data)
+        elapsed = time.perf_counter() - start
+        if seen >= CEILING_WARMUP_IMAGES:
+            seconds += elapsed
+            images += 1
+            if data is not None:
+                jpeg_bytes += len(data)
+                jpegs += 1
+    window = time.perf_counter() - window_start
+    other = machine_busy_seconds() - machine_before - (sum(me.cpu_times()[:2]) - own_before)
+    rate = images / seconds
+    note = (f"decode-only ceiling: one core decodes {rate:,.0f} images/s ({1e3 / rate:.2f} ms per image; "
+            f"{images:,} images, {jpegs:,} of them JPEGs of {jpeg_bytes / max(jpegs, 1) / 1e3:.1f} KB on "
+            f"average) x {args.workers} workers")
+    return Result(rate * args.workers, other_cores=other / window, note=note)
+
+
+def fastloader(corpus, args):
+    """wdsmp's FastLoader on the same shards, with the sample counts of the corpus's index."""
+    index = os.path.join(corpus.directory, "index.json")
+    return measure_loader(lambda: FastLoader(index, args.batch_size, num_workers=args.workers,
+                                             image_size=CROP_SIZE), args)
+
+
+# Name -> function(corpus, args) -> Result, in the order they run; BASELINE first.
+CONTENDERS = {
+    BASELINE: dataloader_pipeline,
+    "FastLoader": fastloader,
+    "decode-only ceiling": decode_ceiling,
+}
+
+
+def _cell(value, fmt):
+    return "-" if value is None else fmt.format(value)
+
+
+def table(results, corpus_size):
+    """Markdown table of ``{name: Result}``, each rate beside the baseline's."""
+    base = results[BASELINE].images_per_s
+    lines = ["| contender | images/s | vs DataLoader | first batch (s) | CPU (cores) | images/CPU-s "
+             "| peak PSS (MB) | PSS growth (MB) over epochs | other load (cores) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, r in results.items():
+        per_cpu = r.images_per_s / r.cpu_cores if r.cpu_cores else None
+        pss = r.peak_pss / 2**20 if r.peak_pss is not None else None
+        growth = (f"{r.pss_growth / 2**20:+,.0f} over {r.images / corpus_size:.1f}"
+                  if r.pss_growth is not None else None)
+        lines.append(f"| {name} | {r.images_per_s:,.0f} | {r.images_per_s / base:.2f}x | "
+                     f"{_cell(r.first_batch_s, '{:.2f}')} | {_cell(r.cpu_cores, '{:.2f}')} | "
+                     f"{_cell(per_cpu, '{:,.0f}')} | {_cell(pss, '{:,.0f}')} | {_cell(growth, '{}')} | "
+                     f"{_cell(r.other_cores, '{:.2f}')} |")
+    return "\n".join(lines)
+
+
+def machine():
+    """The machine in one line: cores, CPU model and the versions that move the figures."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as stream:
+            model = next(line.split(":", 1)[1].strip() for line in stream if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}, torch {torch.__version__}, "
+            f"simplejpeg {simplejpeg.__version__}, Pillow {Image.__version__}")
+
+
+
+
+def header(command, corpus):
+    """What a run is: the command, the corpus and the machine, as ``#`` lines."""
+    return f"# {command}\n# corpus: {corpus.describe()}\n# machine: {machine()}"
+
+
+def run(corpus, args, log=None):
+    """Measure every contender ``args.rounds`` times, interleaved: ``{name: [Result per round]}``.
+
+    ``args`` carries ``workers``, ``batch_size``, ``seconds``, ``warmup`` and ``rounds``; each
+    round's rate goes to the stream ``log`` as it comes, so a long run shows it is alive.
+    """
+    for url in corpus.urls:  # into the page cache
+        with open(url, "rb") as stream:
+            while stream.read(1 << 24):
+                pass
+    rounds = {name: [] for name in CONTENDERS}
+    for round_ in range(1, args.rounds + 1):
+        for name, contender in CONTENDERS.items():
+            rounds[name].append(contender(corpus, args))
+            if log is not None:
+                print(f"# round {round_}/{args.rounds}: {name}: {rounds[name][-1].images_per_s:,.0f} images/s",
+                      file=log, flush=True)
+    return rounds
+
+
+def best(rounds):
+    """Each contender's best round."""
+    return {name: max(results, key=lambda r: r.images_per_s) for name, results in rounds.items()}
+
+
+def summary(rounds, corpus):
+    """The table of the best rounds, with the notes and every round's rate below it (Markdown)."""
+    results = best(rounds)
+    notes = [f"- {r.note}" for r in results.values() if r.note]
+    notes.append("- images/s in each round: " + "; ".join(
+        f"{name} {', '.join(f'{r.images_per_s:,.0f}' for r in results)}" for name, results in rounds.items()))
+    return table(results, corpus.index["samples"]) + "\n\n" + "\n".join(notes)
+
+
+def as_json(rounds):
+    """``{name: {best round's figures..., "rounds": [images/s of each round]}}``."""
+    return {name: dict(asdict(result), rounds=[r.images_per_s for r in rounds[name]])
+            for name, result in best(rounds).items()}
