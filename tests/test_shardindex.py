@@ -1,11 +1,12 @@
 """Shard indexes: written by ShardWriter or write_index, read locally or over HTTP, errors named."""
 
 import json
+import os
 
 import pytest
 
 import wdsmp
-from wdsmp.shardindex import read_index, relative_url, resolve_url, write_index
+from wdsmp.shardindex import read_index, relative_url, resolve_url, write_atomic, write_index
 
 
 def test_shardwriter_writes_an_index_with_every_count(tmp_path):
@@ -35,6 +36,28 @@ def test_urls_are_relative_to_the_index(tmp_path):
     assert relative_url("/data/index.json", "http://h/a.tar") == "http://h/a.tar"
 
 
+def test_what_relative_url_writes_resolves_to_the_shard_from_anywhere(tmp_path, monkeypatch):
+    """Relative below the manifest's directory, absolute outside it (a relative path would be read
+    against the manifest's directory), whatever the working directory and however it was named."""
+    monkeypatch.chdir(tmp_path)
+    cases = [("other/index.json", "idxt/a.tar"), ("idxt/index.json", "idxt/a.tar"),
+             ("idxt/index.json", "idxt/sub/a.tar"), ("idxt/sub/index.json", "idxt/a.tar"),
+             ("index.json", "../up.tar"), ("./idxt/index.json", "file:idxt/b.tar"),
+             (str(tmp_path / "other" / "index.json"), "idxt/a.tar"), ("idxt/index.json", str(tmp_path / "x.tar")),
+             ("idxt/index.json", "idxt/..x.tar"), ("idxt/index.json", "idxt/../x.tar")]
+    for index, shard in cases:
+        written = relative_url(index, shard)
+        assert os.path.isabs(written) or not written.startswith("../"), (index, shard, written)
+        shard_path = shard[len("file:"):] if shard.startswith("file:") else shard
+        assert os.path.abspath(resolve_url(index, written)) == os.path.abspath(shard_path), (index, shard)
+    assert relative_url("other/index.json", "idxt/a.tar") == str(tmp_path / "idxt" / "a.tar")
+    assert relative_url("idxt/index.json", "idxt/sub/a.tar") == os.path.join("sub", "a.tar")
+    assert relative_url("/data/index.json", "/data/..x.tar") == "..x.tar"  # a name, not the parent
+    assert relative_url("/data/index.json", "/data/../x.tar") == "/x.tar"
+    assert relative_url("http://h/d/index.json", "idxt/a.tar") == str(tmp_path / "idxt" / "a.tar")
+    assert relative_url("/data/index.json", "-") == "-"
+
+
 def test_an_index_over_http(http_server):
     http_server.put_file("/d/index.json", json.dumps({"shards": [{"url": "a.tar", "samples": 3}]}).encode())
     assert read_index(http_server.url("/d/index.json")) == [(http_server.url("/d/a.tar"), 3)]
@@ -61,3 +84,12 @@ def test_write_index_keeps_extra_keys_and_is_atomic(tmp_path):
     write_index(str(path), [{"url": "a.tar", "samples": 2, "sha256": "00"}], classes=10)
     assert json.loads(path.read_text()) == {"classes": 10, "shards": [{"url": "a.tar", "samples": 2, "sha256": "00"}]}
     assert [p.name for p in tmp_path.iterdir()] == ["index.json"]
+    write_index(str(tmp_path / "new" / "index.json"), [("a.tar", 1)])  # its directory made
+    assert read_index(str(tmp_path / "new" / "index.json")) == [(str(tmp_path / "new" / "a.tar"), 1)]
+
+
+def test_write_atomic_leaves_no_temp_when_it_fails(tmp_path):
+    (tmp_path / "taken").mkdir()
+    with pytest.raises(IsADirectoryError):
+        write_atomic(str(tmp_path / "taken"), "text")  # the rename over a directory fails
+    assert [p.name for p in tmp_path.iterdir()] == ["taken"]

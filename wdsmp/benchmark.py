@@ -73,11 +73,25 @@ class Corpus:
     urls: list
     index: dict
 
+    FIELDS = ("samples", "jpg", "ppm", "mean_bytes", "mean_width", "mean_height", "command")  # what describe() says
+
     @classmethod
     def load(cls, directory):
+        """The corpus in ``directory``; ValueError when its ``index.json`` is not a corpus
+        description (a manifest from ``wdsmp index`` lists shards, but not the images)."""
         with open(os.path.join(directory, "index.json")) as stream:
             index = json.load(stream)
-        return cls(directory, [os.path.join(directory, s["url"]) for s in index["shards"]], index)
+        if not isinstance(index, dict):
+            raise ValueError("not a JSON object")
+        missing = [name for name in ("shards",) + cls.FIELDS if name not in index]
+        if missing:
+            raise ValueError(f"no {', '.join(map(repr, missing))} field{'s' * (len(missing) > 1)} (a manifest "
+                             f"from wdsmp index lists shards, not the images make_corpus.py describes)")
+        shards = index["shards"]
+        if not isinstance(shards, list) or not all(isinstance(s, dict) and isinstance(s.get("url"), str)
+                                                   for s in shards):
+            raise ValueError("'shards' is not a list of {\"url\": ...} entries")
+        return cls(directory, [os.path.join(directory, s["url"]) for s in shards], index)
 
     def describe(self):
         i = self.index
@@ -346,8 +360,6 @@ def machine():
         pass
     return (f"{os.cpu_count()} cores ({model}), Python {platform.python_version()}, torch {torch.__version__}, "
             f"simplejpeg {simplejpeg.__version__}, Pillow {Image.__version__}")
-
-
 
 
 def header(command, corpus):

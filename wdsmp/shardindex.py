@@ -19,7 +19,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .gopen import gopen, local_path
 
-__all__ = ["read_entries", "read_index", "relative_url", "resolve_url", "shard_counts", "write_index"]
+__all__ = ["read_entries", "read_index", "relative_url", "resolve_url", "shard_counts", "write_atomic",
+           "write_index"]
 
 
 def resolve_url(base, url):
@@ -34,13 +35,21 @@ def resolve_url(base, url):
 
 
 def relative_url(index, url):
-    """``url`` as the index at ``index`` should list it: relative when it is a local file in the
-    index's directory or below, as given otherwise."""
-    path, base = local_path(url), local_path(index)
-    if path is None or base is None:
+    """``url`` as the manifest at ``index`` should list it, so that ``resolve_url(index, ...)``
+    names the same shard from any working directory: a local file in the manifest's directory
+    or below, relative to it (the directory can move as a whole); any other local file, its
+    absolute path (a relative path would be read against the manifest's directory); anything
+    else (a URL, ``-``) as given."""
+    path = local_path(url)
+    if path is None:
         return url
-    relative = os.path.relpath(os.path.abspath(path), os.path.dirname(os.path.abspath(base)))
-    return url if relative.startswith(os.pardir) else relative
+    path = os.path.abspath(path)
+    base = local_path(index)
+    if base is None:
+        return path
+    relative = os.path.relpath(path, os.path.dirname(os.path.abspath(base)))
+    outside = relative == os.pardir or relative.startswith(os.pardir + os.sep)  # not "..x.tar"
+    return path if outside else relative
 
 
 def read_entries(source):
@@ -79,11 +88,25 @@ def write_index(path, shards, **extra):
     ``path``, atomically; ``extra`` keys go to the top level."""
     entries = [dict(entry) if isinstance(entry, dict) else {"url": entry[0], "samples": entry[1]}
                for entry in shards]
+    write_atomic(path, json.dumps(dict(extra, shards=entries), indent=1) + "\n")
+
+
+def write_atomic(path, text):
+    """Write ``text`` to the local file ``path`` (its directory made if missing) through a temp
+    beside it, renamed over it at the end: a reader never sees half a manifest or index file,
+    and a failure leaves no temp behind."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     temp = f"{path}.tmp{os.getpid()}"
-    with open(temp, "w") as stream:
-        json.dump(dict(extra, shards=entries), stream, indent=1)
-        stream.write("\n")
-    os.replace(temp, path)
+    try:
+        with open(temp, "w") as stream:
+            stream.write(text)
+        os.replace(temp, path)
+    except BaseException:
+        try:
+            os.unlink(temp)
+        except FileNotFoundError:
+            pass
+        raise
 
 
 def shard_counts(urls, index=None):

@@ -1,12 +1,14 @@
 """``wdsmp bench``: the loader benchmark runs from the installed package, all three contenders."""
 
 import json
+import shlex
 
 import numpy as np
 import simplejpeg
 
 import wdsmp
 from wdsmp.benchmark import CONTENDERS, Result, as_json
+from wdsmp.cli import main
 from wdsmp.shardindex import write_index
 
 
@@ -28,15 +30,33 @@ def _tiny_corpus(directory, shards=2, per_shard=16):
                 command="test_bench.py")
 
 
-def test_bench_prints_the_three_contenders(tmp_path, wdsmp_run):
+def test_bench_prints_the_three_contenders(tmp_path, capsys):
     _tiny_corpus(tmp_path)
-    result = wdsmp_run("bench", "--corpus", tmp_path, "--workers", "1", "--batch-size", "8", "--seconds", "0.3",
-                       "--warmup", "0", "--rounds", "1")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("# wdsmp bench --corpus")
-    rows = [line.split(" | ")[0] for line in result.stdout.splitlines() if line.startswith("| ")]
+    argv = ["bench", "--corpus", str(tmp_path), "--workers", "1", "--batch-size", "8", "--seconds", "0.3",
+            "--warmup", "0", "--rounds", "1"]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith(f"# {shlex.join(['wdsmp', *argv])}\n# corpus: 32 images")  # the command main was given
+    rows = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| ")]
     assert rows == ["| contender", "| DataLoader pipeline", "| FastLoader", "| decode-only ceiling"]
-    assert "round 1/1: FastLoader" in result.stderr
+    assert "round 1/1: FastLoader" in err
+
+
+def test_a_directory_that_is_not_a_corpus_is_a_usage_error(tmp_path, capsys):
+    _tiny_corpus(tmp_path)
+    shards = sorted(str(path) for path in tmp_path.glob("*.tar"))
+    assert main(["index", "-q", "--force", "-o", str(tmp_path / "index.json"), *shards]) == 0  # a manifest
+    assert main(["bench", "--corpus", str(tmp_path), "--workers", "1"]) == 2
+    assert capsys.readouterr().err == (
+        f"wdsmp bench: {tmp_path} is not a corpus written by benchmarks/make_corpus.py (its index.json: no "
+        "'samples', 'jpg', 'ppm', 'mean_bytes', 'mean_width', 'mean_height', 'command' fields (a manifest from "
+        "wdsmp index lists shards, not the images make_corpus.py describes))\n")
+    (tmp_path / "index.json").write_text('{"shards": 3, "samples": 1, "jpg": 1, "ppm": 0, "mean_bytes": 1, '
+                                         '"mean_width": 1, "mean_height": 1, "command": "x"}')
+    assert main(["bench", "--corpus", str(tmp_path)]) == 2
+    assert "'shards' is not a list" in capsys.readouterr().err
+    assert main(["bench", "--corpus", str(tmp_path / "nothing")]) == 2
+    assert "No such file or directory" in capsys.readouterr().err
 
 
 def test_json_summary_has_the_best_round_and_every_round():

@@ -4,13 +4,14 @@ import argparse
 import gzip
 import json
 import os
+import signal
 import subprocess
 import tarfile
 
 import pytest
 
 from wdsmp.cli import create, listing, main, reshard
-from wdsmp.cli.create import parse_size
+from wdsmp.cli.create import existing_series, parse_size
 
 
 def members(path):
@@ -120,6 +121,10 @@ def test_imagefolder(tmp_path, capsys):
     (["-o", "x.tar", "nowhere"], "nowhere: not a directory"),
     (["-o", "x.tar", "empty"], "no samples in empty"),
     (["-o", "src/cls/x-%d.tar", "src"], "lies inside SOURCE"),
+    (["--imagefolder", "--classes", "src/classes.json", "-o", "x.tar", "src"], "lies inside SOURCE"),
+    (["-o", "x.tar.xz", "src"], "wdsmp reads plain and gzip tars only, so it writes only those: name the "
+     "output .tar, .tar.gz or .tgz"),
+    (["--maxcount", "1", "-o", "x-%d.tar.bz2", "src"], "x-0.tar.bz2: wdsmp reads plain and gzip tars only"),
 ])
 def test_usage_errors(tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.chdir(tmp_path)
@@ -132,6 +137,7 @@ def test_usage_errors(tmp_path, capsys, monkeypatch, argv, message):
 
 @pytest.mark.parametrize("files, message", [
     ({"README": b"x"}, "README: no extension"),
+    ({"a.txt": b"x", "foo.": b"y"}, "foo.: no extension"),
     ({"a.txt": b"x", "a.TXT": b"y"}, "has fields"),
 ])
 def test_files_that_would_not_read_back(tmp_path, capsys, files, message):
@@ -169,6 +175,7 @@ def test_recipe(tmp_path, monkeypatch):
     ("a.txt text:x\nb.txt pipe:echo oops >&2; exit 3\n", 1, "exited with status 3: oops"),
     ("a.txt missing.bin\n", 1, "cannot open 'missing.bin'"),
     ("", 2, "no samples in recipe"),
+    ("foo. text:x\n", 2, "line 1: archive name 'foo.' has no extension"),
 ])
 def test_recipe_errors_leave_no_output(tmp_path, capsys, monkeypatch, recipe, status, message):
     monkeypatch.chdir(tmp_path)
@@ -178,12 +185,30 @@ def test_recipe_errors_leave_no_output(tmp_path, capsys, monkeypatch, recipe, st
     assert not list(tmp_path.glob("out-*"))
 
 
-def test_parse_size():
-    assert [parse_size(s) for s in ("3e9", "500M", "1G", "1.5k", "512Mi", "10", "2KB")] == [
-        3 * 10**9, 500 * 10**6, 10**9, 1500, 512 * 2**20, 10, 2000]
-    for bad in ("", "0", "-1", "1X", "G"):
-        with pytest.raises(argparse.ArgumentTypeError, match="not a positive size"):
+def test_parse_size(capsys):
+    assert [parse_size(s) for s in ("3e9", "500M", "1G", "1.5k", "1.1k", "512Mi", "10", "2KB", "0.5k", "1e19")] == [
+        3 * 10**9, 500 * 10**6, 10**9, 1500, 1100, 512 * 2**20, 10, 2000, 500, 10**19]
+    for bad in ("", "0", "-1", "1X", "G", "0.5", "1.0001k", "1e400", "1e99999999", "2e19", "0.1Ti"):
+        with pytest.raises(argparse.ArgumentTypeError, match="not a whole number of bytes from 1 to 1e19"):
             parse_size(bad)
+    with pytest.raises(SystemExit) as exit:  # a usage error, not the 3 GB default
+        main(["create", "--maxsize", "0.5", "-o", "x-%d.tar", "src"])
+    assert exit.value.code == 2
+    assert "--maxsize: not a whole number of bytes from 1 to 1e19: '0.5'" in capsys.readouterr().err
+
+
+def test_existing_series(tmp_path):
+    for name in ("s-000.tar", "s-002.tar", "s-2.tar", "s-abc.tar", "s-.tar", ".partial-s-001.tar",
+                 "p%-a.tar", "p%-10.tar", "p%-0x1.tar", "d-1/x.tar"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_bytes(b"")
+    series = {0: str(tmp_path / "s-000.tar"), 2: str(tmp_path / "s-002.tar")}
+    assert existing_series(str(tmp_path / "s-%03d.tar")) == series
+    assert existing_series(f"file://{tmp_path}/s-%03d.tar") == series
+    assert existing_series(str(tmp_path / "p%%-%x.tar")) == {10: str(tmp_path / "p%-a.tar"),
+                                                             16: str(tmp_path / "p%-10.tar")}
+    assert existing_series(str(tmp_path / "d-%d/x.tar")) == {1: str(tmp_path / "d-1/x.tar")}
+    assert existing_series("pipe:cat > s-%03d.tar") == {}
 
 
 def test_help_texts_format():
@@ -195,3 +220,57 @@ def test_help_texts_format():
     assert "out-%06d.tar" in parser.format_help()
     for subparser in subparsers.choices.values():
         subparser.format_help()
+
+
+def test_outputs_appear_only_when_complete(tmp_path, monkeypatch):
+    """Archives are written under hidden partial names and renamed together at the end; a partial
+    file that a killed run left does not block the next run."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / ".partial-x-1.tar").write_bytes(b"left by a killed run")
+    (tmp_path / "recipe").write_text("a.txt text:x\nb.txt pipe:ls -A out\n")
+    assert main(["create", "-q", "--recipe", "recipe", "--maxcount", "1", "-o", "out/x-%d.tar"]) == 0
+    assert sorted(os.listdir("out")) == ["x-0.tar", "x-1.tar"]
+    assert members(tmp_path / "out" / "x-1.tar") == [("b.txt", b".partial-x-0.tar\n.partial-x-1.tar\n")]
+
+
+def test_sigterm_removes_partial_files(tmp_path, monkeypatch):
+    """SIGTERM unwinds like Ctrl-C: no output under its name, no partial file; exit status 143."""
+    if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        pytest.skip("SIGTERM is handled here already")  # wdsmp leaves such a handler alone
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "recipe").write_text("a.txt text:x\nb.txt pipe:kill -TERM $PPID\nc.txt text:never\n")
+    with pytest.raises(SystemExit) as exit:
+        main(["create", "-q", "--recipe", "recipe", "-o", "out.tar"])
+    assert exit.value.code == 128 + signal.SIGTERM
+    assert sorted(os.listdir(tmp_path)) == ["recipe"]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_sources_are_never_outputs(tmp_path, capsys, monkeypatch):
+    """Not even with --force: the recipe, its local sources, the files of a tree (links followed)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data.tar").write_bytes(b"source")
+    (tmp_path / "recipe").write_text("a.bin data.tar\nb.txt text:x\n")
+    for output in ("data.tar", "recipe", "file:data.tar"):
+        assert main(["create", "-q", "--force", "--recipe", "recipe", "-o", output]) == 2
+        assert "is an input; it cannot be an output too" in capsys.readouterr().err
+    make_tree(tmp_path / "src", {"a.txt": b"a"})
+    (tmp_path / "src" / "b.bin").symlink_to(tmp_path / "data.tar")
+    assert main(["create", "-q", "--force", "-o", "data.tar", "src"]) == 2
+    assert "data.tar is an input" in capsys.readouterr().err
+    assert (tmp_path / "data.tar").read_bytes() == b"source"
+    assert (tmp_path / "recipe").read_text() == "a.bin data.tar\nb.txt text:x\n"
+
+
+def test_class_index_is_part_of_the_output(tmp_path, capsys, monkeypatch):
+    """Its directory is made; if it cannot be written, no shard is left either."""
+    monkeypatch.chdir(tmp_path)
+    make_tree(tmp_path / "photos", {"cat/c.jpg": b"c", "dog/d.jpg": b"d"})
+    assert main(["create", "-q", "--imagefolder", "--classes", "nodir/cls.json", "-o", "ifx.tar", "photos"]) == 0
+    assert json.loads((tmp_path / "nodir" / "cls.json").read_text()) == {"cat": 0, "dog": 1}
+    (tmp_path / "afile").write_bytes(b"")
+    assert main(["create", "-q", "--imagefolder", "--classes", "afile/cls.json", "--maxcount", "1",
+                 "-o", "out/s-%d.tar", "photos"]) == 1
+    assert "afile" in capsys.readouterr().err
+    assert os.listdir(tmp_path / "out") == []

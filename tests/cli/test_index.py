@@ -5,6 +5,7 @@ import gzip
 import hashlib
 import io
 import json
+import os
 import tarfile
 
 import pytest
@@ -74,6 +75,59 @@ def test_damaged_shards_are_named_and_no_index_is_written(tmp_path, capsys):
         "bytes (data and padding)",
         f"wdsmp index: {tmp_path / 'empty.tar'}, offset 0: empty file (0 bytes): not a tar archive",
         "wdsmp index: 2 shards with problems; " + str(tmp_path / "index.json") + " not written"]
+
+
+def test_shards_outside_the_manifests_directory_are_listed_by_absolute_path(tmp_path, monkeypatch, capsys):
+    """A relative -o and relative shard names: the manifest must name the shards for whoever reads it
+    from wherever, not for the working directory it was written in."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "idxt").mkdir()
+    shards = [write_shard(tmp_path / "idxt" / f"pets-{i:06d}.tar") for i in range(2)]
+    assert main(["index", "-q", "-o", "other/index.json", "idxt/pets-{000000..000001}.tar"]) == 0  # other/ is made
+    assert main(["index", "-q", "-o", "idxt/index.json", "./idxt/pets-{000000..000001}.tar"]) == 0
+    listed = {name: [entry["url"] for entry in json.loads((tmp_path / name / "index.json").read_text())["shards"]]
+              for name in ("other", "idxt")}
+    assert listed == {"other": [os.path.abspath(shard) for shard in shards],
+                      "idxt": ["pets-000000.tar", "pets-000001.tar"]}
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    for name in ("other", "idxt"):
+        table = shard_counts(str(tmp_path / name / "index.json"))
+        assert [os.path.samefile(url, shard) for (url, _), shard in zip(table, shards)] == [True, True]
+        assert [count for _, count in table] == [3, 3]
+        assert main(["verify", "-q", "--index", str(tmp_path / name / "index.json")]) == 0
+
+
+def test_the_last_line_says_wrote_only_when_written(tmp_path, capsys):
+    good = write_shard(tmp_path / "all.tar", n=1)
+    (tmp_path / "cut.tar").write_bytes(open(good, "rb").read()[:700])
+    index = str(tmp_path / "index.json")
+    assert main(["index", "-o", index, good, str(tmp_path / "cut.tar")]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f"wdsmp index: 1 shard with problems; {index} not written"
+    assert "index: wrote" not in err
+    assert main(["index", "-o", index, good]) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == f"wdsmp index: wrote {index}: 1 shard, 1 sample"
+    assert main(["index", "--format", "dali", "-o", str(tmp_path / "idx"), str(tmp_path / "cut.tar")]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == "wdsmp index: 1 shard with problems; they got no index file"
+    assert "index: wrote" not in err
+
+
+@pytest.mark.parametrize("fmt", ["json", "dali"])
+def test_a_shard_given_twice_is_refused(tmp_path, monkeypatch, capsys, fmt):
+    monkeypatch.chdir(tmp_path)
+    write_shard(tmp_path / "all.tar")
+    write_shard(tmp_path / "other.tar")
+    os.symlink("all.tar", tmp_path / "link.tar")
+    output = "dup.json" if fmt == "json" else "idx"
+    assert main(["index", "-q", "--format", fmt, "-o", output, "all.tar", "other.tar", "all.tar", "./all.tar",
+                 "link.tar", str(tmp_path / "other.tar")]) == 2
+    assert capsys.readouterr().err == (
+        "wdsmp index: the same shard given more than once (all.tar and all.tar and ./all.tar and link.tar; "
+        f"other.tar and {tmp_path / 'other.tar'}): an index lists each shard once, or the loaders would count "
+        "its samples again\n")
+    assert not (tmp_path / output).exists()
 
 
 # DALI

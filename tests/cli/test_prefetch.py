@@ -3,6 +3,8 @@ leave nothing behind."""
 
 import io
 import json
+import os
+import warnings
 
 import wdsmp as wds
 from wdsmp.cache import FileCache
@@ -72,3 +74,53 @@ def test_text_output_and_usage(tmp_path, http_server, capsys):
     assert capsys.readouterr().out.splitlines() == [
         f"fetched {url} ({len(shard()):,} bytes)", f"1 fetched ({len(shard()):,} bytes), 0 already cached, "
                                                    "0 local, 0 failed"]
+
+
+def test_an_unusable_cache_directory_is_a_usage_error_before_any_fetch(tmp_path, http_server, capsys):
+    url = http_server.put_file("/a.tar", shard())
+    (tmp_path / "file").write_bytes(b"not a directory")
+    assert main(["cache", "-q", "--cache-dir", str(tmp_path / "file"), url]) == 2
+    assert capsys.readouterr().err == f"wdsmp cache: --cache-dir {tmp_path / 'file'} is not a directory\n"
+    assert main(["cache", "-q", "--cache-dir", str(tmp_path / "file" / "sub"), url]) == 2
+    assert capsys.readouterr().err == (f"wdsmp cache: --cache-dir {tmp_path / 'file' / 'sub'}: cannot make the "
+                                       "directory: Not a directory\n")
+    assert http_server.requests() == []
+    assert main(["cache", "-q", "--cache-dir", str(tmp_path / "new" / "cache"), url]) == 0  # made, with parents
+    assert (tmp_path / "new" / "cache").is_dir()
+
+
+def test_a_damaged_cache_file_is_fetched_again_and_said_so(tmp_path, http_server, capsys):
+    """A loader checks a cache file's first block only; `wdsmp cache` reads it whole, so that a copy
+    cut short (or overwritten) is replaced now, not found by training later."""
+    data = {name: shard(prefix=name) for name in ("a", "b", "c")}
+    urls = {name: http_server.put_file(f"/{name}.tar", blob) for name, blob in data.items()}
+    cache_dir = str(tmp_path / "cache")
+    assert main(["cache", "-q", "--cache-dir", cache_dir, *urls.values()]) == 0
+    capsys.readouterr()
+    cache = FileCache(cache_dir)
+    with open(cache.entry_path(urls["a"]), "r+b") as stream:
+        stream.truncate(1024)  # the first member whole: its first block still says tar
+    with open(cache.entry_path(urls["b"]), "wb") as stream:
+        stream.write(b"\0" * 100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert main(["cache", "-q", "--jobs", "1", "--cache-dir", cache_dir, *urls.values()]) == 0
+    assert [str(w.message) for w in caught] == []
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == (f"fetched {urls['a']} ({len(data['a']):,} bytes); the cache file was damaged (truncated tar "
+                        "archive: stream ended at a member boundary without the end-of-archive marker (shard "
+                        f"'{urls['a']}', offset 1024)), so it was fetched again")
+    assert lines[1].startswith(f"fetched {urls['b']} ({len(data['b']):,} bytes); the cache file was damaged (")
+    assert lines[2:] == [f"cached  {urls['c']} ({len(data['c']):,} bytes)",
+                         f"2 fetched ({len(data['a']) + len(data['b']):,} bytes), 1 already cached, 0 local, 0 failed"]
+    assert [open(cache.entry_path(url), "rb").read() for url in urls.values()] == list(data.values())
+    assert len(http_server.requests(method="GET")) == 5
+
+    with open(cache.entry_path(urls["a"]), "r+b") as stream:
+        stream.truncate(1024)
+    http_server.put_file("/a.tar", b"<html>gone</html>" * 40)  # and the source went bad meanwhile
+    assert main(["cache", "-q", "--json", "--cache-dir", cache_dir, urls["a"]]) == 1
+    [result] = json.loads(capsys.readouterr().out)["shards"]
+    assert result["status"] == "failed" and "not a tar archive" in result["error"]
+    assert result["damaged"].startswith("truncated tar archive")
+    assert not os.path.exists(cache.entry_path(urls["a"]))  # the damaged copy is gone either way

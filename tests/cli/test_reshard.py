@@ -2,6 +2,7 @@
 
 import io
 import json
+import os
 import random
 import subprocess
 import tarfile
@@ -179,6 +180,8 @@ def test_failures_leave_no_output(tmp_path, capsys, command, damage, message):
     (["cat", "-o", "in-00.tar", "--force", "in-00.tar"], 2, "is an input; it cannot be an output too"),
     (["split", "-o", "in-%02d.tar", "--force", "in-00.tar"], 2, "is an input; it cannot be an output too"),
     (["cat", "-o", "x.tar", "missing-*.tar"], 2, "shard pattern 'missing-*.tar' matches no files"),
+    (["cat", "-o", "x.tar.bz2", "in-00.tar"], 2, "x.tar.bz2: wdsmp reads plain and gzip tars only"),
+    (["split", "-o", "x-%d.tar.xz", "in-00.tar"], 2, "x-0.tar.xz: wdsmp reads plain and gzip tars only"),
 ])
 def test_usage_errors(tmp_path, capsys, monkeypatch, argv, status, message):
     monkeypatch.chdir(tmp_path)
@@ -187,3 +190,42 @@ def test_usage_errors(tmp_path, capsys, monkeypatch, argv, status, message):
     assert message in capsys.readouterr().err
     assert (tmp_path / "in-00.tar").read_bytes() == before
     assert not list(tmp_path.glob("x*"))
+
+
+def test_keys_are_checked_per_output_shard(tmp_path, capsys, monkeypatch):
+    """The same keys in two inputs are fine when they land in different shards."""
+    monkeypatch.chdir(tmp_path)
+    samples = make_samples(3)
+    first, second = write_shards(tmp_path, samples, 3, name="a") + write_shards(tmp_path, samples, 3, name="b")
+    argv = ["split", "-q", "--shuffle", "--seed", "0", "-o", "dupk/x-%02d.tar", str(first), str(second)]
+    assert main(argv + ["--maxcount", "1"]) == 0
+    assert sorted(os.listdir("dupk")) == [f"x-{i:02d}.tar" for i in range(6)]
+    assert main(argv + ["--maxcount", "6", "-o", "one/x-%02d.tar"]) == 1
+    assert "occurs twice in output 'one/x-00.tar'" in capsys.readouterr().err
+    assert os.listdir("one") == []
+
+
+def test_force_replaces_the_whole_series(tmp_path, capsys, monkeypatch):
+    """An existing series is refused, whichever of its shards exist; --force replaces it and
+    removes the shards of the earlier run that this one did not write, never an input's."""
+    monkeypatch.chdir(tmp_path)
+    shard = str(write_shards(tmp_path, make_samples(4), 4)[0])
+    assert main(["split", "-q", "--maxcount", "1", "-o", "c-%d.tar", shard]) == 0
+    (tmp_path / "c-extra.tar").write_bytes(b"not in the series")
+    os.remove("c-0.tar")
+    assert main(["split", "-q", "--maxcount", "2", "-o", "c-%d.tar", shard]) == 2
+    assert "c-1.tar exists; remove it or pass --force" in capsys.readouterr().err
+    assert main(["split", "-q", "--force", "--maxcount", "2", "-o", "c-%d.tar", shard]) == 0
+    assert "removed 2 shards left by an earlier run of the series: c-2.tar ... c-3.tar" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.glob("c-*.tar")) == ["c-0.tar", "c-1.tar", "c-extra.tar"]
+    assert [key for path in ("c-0.tar", "c-1.tar") for key, _ in read_tar(path)] == [
+        key for key, _ in read_tar(shard)]
+    os.rename(shard, "c-5.tar")
+    assert main(["split", "-q", "--force", "-o", "c-%d.tar", "c-5.tar"]) == 2
+    assert "c-5.tar is an input; it cannot be an output too" in capsys.readouterr().err
+
+
+def test_cat_to_a_device(tmp_path):
+    """What cannot be renamed over is written in place."""
+    paths = write_shards(tmp_path, make_samples(3), 3)
+    assert main(["cat", "-q", "--force", "-o", os.devnull, str(paths[0])]) == 0

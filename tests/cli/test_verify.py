@@ -195,8 +195,23 @@ def test_a_shard_missing_from_disk_is_reported_and_the_rest_checked(tmp_path, ca
 def test_usage_errors(tmp_path, capsys):
     assert main(["verify"]) == 2
     assert "give the shards to check, or --index" in capsys.readouterr().err
-    assert main(["verify", str(tmp_path / "nothing.tar")]) == 2
-    assert "no such file" in capsys.readouterr().err
+    assert main(["verify", str(tmp_path / "nothing-*.tar")]) == 2
+    assert f"shard pattern '{tmp_path / 'nothing-*.tar'}' matches no files" in capsys.readouterr().err
+
+
+def test_missing_local_shards_are_reported_and_the_others_checked(tmp_path, monkeypatch, capsys):
+    """As a missing remote shard is: a "read" problem of that shard; a shard named twice is read once."""
+    monkeypatch.chdir(tmp_path)
+    for i in (0, 1, 3):
+        write_shard(tmp_path / f"x-{i:03d}.tar", prefix=f"x{i}-")
+    status, out = verify(capsys, "--json", "x-{000..003}.tar", "./x-001.tar", "gone.tar", str(tmp_path / "x-000.tar"))
+    summary = json.loads(out)
+    assert status == 1
+    assert (summary["shards"], summary["samples"], summary["bad_shards"]) == (5, 12, 2)
+    assert [(p["shard"], p["kind"]) for p in summary["problems"]] == [("x-002.tar", "read"), ("gone.tar", "read")]
+    assert all("No such file" in p["message"] for p in summary["problems"])
+    status, out = verify(capsys, "gone.tar")
+    assert (status, out.splitlines()[-1]) == (1, "verified 1 shard, 0 samples, 0 bytes: 1 problem in 1 shard")
 
 
 def test_verify_from_the_command_line(tmp_path, wdsmp_run):

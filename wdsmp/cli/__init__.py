@@ -7,7 +7,8 @@ returns the exit status. Conventions, as tar and tarp have them: outputs need
 is stdin or stdout; inputs take brace patterns, globs and any URL gopen reads;
 the status is non-zero on any integrity failure; ``--json`` prints a
 machine-readable summary on stdout; long work shows a progress bar on a
-terminal and plain periodic lines otherwise (``progress.py``).
+terminal and plain periodic lines otherwise (``Progress``, in ``common.py``). ``run``
+finds the command line it was given, for a summary to quote, in ``args.argv``.
 """
 
 import argparse
@@ -34,7 +35,9 @@ def main(argv=None):
     from ..errors import WdsmpError
     from .common import CommandError
 
+    argv = [str(arg) for arg in (sys.argv[1:] if argv is None else argv)]
     args = _parser().parse_args(argv)
+    args.argv = argv
     try:
         return args.func(args)
     except CommandError as exn:

@@ -57,7 +57,7 @@ def run(args):
         corpus = benchmark.open_corpus(args.corpus, args.workers)
     except ValueError as exn:
         die(str(exn))
-    command = shlex.join(["wdsmp", *sys.argv[1:]])
+    command = shlex.join(["wdsmp", *args.argv])
     if not args.json:
         print(benchmark.header(command, corpus), flush=True)
     rounds = benchmark.run(corpus, args, log=None if args.quiet else sys.stderr)

@@ -13,7 +13,7 @@ import time
 from ..gopen import local_path
 from ..shardlists import expand_urls
 
-__all__ = ["Progress", "add_common", "check_output", "die", "expand_inputs", "print_json"]
+__all__ = ["Progress", "add_common", "check_output", "die", "distinct_shards", "expand_inputs", "print_json"]
 
 
 def add_common(parser, json_summary=True):
@@ -31,9 +31,11 @@ def die(message):
     raise CommandError(message)
 
 
-def expand_inputs(specs):
+def expand_inputs(specs, missing_ok=False):
     """Shard URLs from command-line inputs: brace patterns, ``::`` lists, local globs, any URL
-    gopen reads, and ``-`` (stdin). Inputs that match nothing are an error."""
+    gopen reads, and ``-`` (stdin). Inputs that match nothing are an error, and so is a local
+    file that does not exist unless ``missing_ok`` (for commands that report it as a problem of
+    that shard and go on with the others)."""
     urls = []
     for spec in specs:
         if spec == "-":
@@ -47,10 +49,21 @@ def expand_inputs(specs):
             die(f"no input matches {spec!r}")
         for url in found:
             path = local_path(url)
-            if path is not None and not os.path.exists(path):
+            if path is not None and not missing_ok and not os.path.exists(path):
                 die(f"no such file: {path}")
         urls.extend(found)
     return urls
+
+
+def distinct_shards(urls):
+    """``(unique, repeated)``: ``urls`` with each shard once, by the first name given for it, and
+    the names of each shard given more than once, as lists in input order. One shard: the same
+    URL, or local paths of the same file (``./``, ``..`` and symlinks resolved)."""
+    names = {}
+    for url in urls:
+        path = local_path(url) if url != "-" else None
+        names.setdefault(os.path.realpath(path) if path is not None else url, []).append(url)
+    return [group[0] for group in names.values()], [group for group in names.values() if len(group) > 1]
 
 
 def check_output(path, force=False):
@@ -98,10 +111,6 @@ class Progress:
         print(f"wdsmp {self.description}: {self.items:,}{of} {self.unit}, {self.items / elapsed:,.0f} {self.unit}/s, "
               f"{self.bytes / elapsed / 1e6:,.1f} MB/s{', done' if final else ''} ({elapsed:,.1f} s)",
               file=self.stream, flush=True)
-
-    @property
-    def elapsed(self):
-        return time.monotonic() - self.started
 
     def __enter__(self):
         return self

@@ -7,7 +7,8 @@ WebDataset's documentation augments a dataset offline by running a function over
 
 The map function, ``module:function`` (a dotted attribute path after the colon works too),
 takes a sample as the tar reader gives it, ``__key__``, ``__url__`` and the raw bytes of each
-field, and returns:
+field, named by its extension lower-cased (``img.JPG`` arrives as ``jpg``; ``cat`` and ``split``
+copy members as they are, case kept), and returns:
 
 - a dict: the output sample. Values are bytes or str, or anything wdsmp's writer encodes by
   the field's extension (an image for ``jpg``, an int for ``cls``, ...); fields starting
@@ -33,7 +34,7 @@ tcp://host:port`` on a Dask distributed cluster (``pip install 'wdsmp[dask]'``):
 need wdsmp and the map module importable, the inputs readable and OUTDIR on a file system
 they share; threads of one worker run shards side by side, so the function must be
 thread-safe there. A shard that fails (an error in the function, named with the sample's key
-and the function's traceback, or a damaged input) fails alone: the others go on and keep their
+and the function's traceback, ``SystemExit`` included, or a damaged input) fails alone: the others go on and keep their
 outputs, and the exit status is 1. A local worker that dies (killed, out of memory) breaks the
 pool: the shards it was running fail, those not started are counted as such, and a rerun goes
 on from there.
@@ -132,7 +133,9 @@ def convert_shard(url, output, spec):
                 key = sample["__key__"]
                 try:
                     result = function(sample)
-                except Exception as exn:
+                except KeyboardInterrupt:  # Ctrl-C reaches the workers too: the run stops, not the shard
+                    raise
+                except BaseException as exn:  # sys.exit() in the function fails this shard, not the worker
                     where = exn.__traceback__.tb_next  # the function's frames, not this one
                     details = "".join(traceback.format_exception(type(exn), exn, where))
                     raise MapError(f"--map {spec} raised {type(exn).__name__}: {exn}", url, key, details) from exn
@@ -188,16 +191,23 @@ def _local_pool(tasks, workers):
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _dask(tasks, address):
-    """Run ``tasks`` on the Dask cluster at ``address``; yields ``(task, future)`` as each one finishes."""
+def _dask_client(address):
+    """A client of the Dask scheduler at ``address``; a usage error when it cannot be reached."""
     try:
-        from dask.distributed import Client, as_completed as dask_completed
+        from dask.distributed import Client
     except ImportError as exn:
         die(f"--scheduler needs Dask's distributed scheduler ({exn}): pip install 'wdsmp[dask]'")
     try:
-        client = Client(address, timeout="10s")
+        return Client(address, timeout="10s")
     except OSError as exn:  # TimeoutError included
         die(f"cannot reach the Dask scheduler at {address}: {exn}")
+
+
+def _dask(tasks, client):
+    """Run ``tasks`` with the Dask ``client``, closed at the end; yields ``(task, future)`` as
+    each one finishes."""
+    from dask.distributed import as_completed as dask_completed
+
     with client:
         futures = {client.submit(convert_shard, *task, pure=False): task for task in tasks}
         try:
@@ -209,7 +219,7 @@ def _dask(tasks, address):
 
 def _plan(args):
     """``(outdir, tasks, skipped)``: ``(url, output, spec)`` to run, and how many inputs have a
-    complete output already."""
+    complete output already. Makes nothing: OUTDIR is made once the work can start."""
     outdir = local_path(args.output)
     if outdir is None or args.output == "-":
         die("-o must be a local directory: outputs are renamed into place when complete")
@@ -231,7 +241,6 @@ def _plan(args):
         if path is not None and os.path.realpath(output) == os.path.realpath(url):
             die(f"{url} is in the output directory: it would be its own output")
         outputs[output] = url
-    os.makedirs(outdir, exist_ok=True)
     tasks = [(url, output, args.map) for output, url in outputs.items() if args.force or not os.path.exists(output)]
     return outdir, tasks, len(outputs) - len(tasks)
 
@@ -243,7 +252,7 @@ def _failure(url, exn):
     elif getattr(exn, "url", None) == url:
         text = str(exn)
     else:
-        text = f"{type(exn).__name__}: {exn} (shard {url!r})"
+        text = f"{type(exn).__name__}{f': {exn}' if str(exn) else ''} (shard {url!r})"
     entry = {"shard": url, "sample": getattr(exn, "key", None), "error": text}
     details = getattr(exn, "details", "")
     return text + (f"\n{details.rstrip()}" if details else ""), entry
@@ -275,15 +284,24 @@ def run(args):
         sys.path.insert(0, os.getcwd())
     try:
         load_function(args.map)
-    except Exception as exn:  # the user's module runs at import: anything can happen
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exn:  # the user's module runs at import: anything can happen, sys.exit() too
         die(f"--map {args.map}: {type(exn).__name__}: {exn}")
     outdir, tasks, skipped = _plan(args)
     summary = {"output": outdir, "shards": len(tasks) + skipped, "skipped": skipped,
                "done": 0, "failed": 0, "samples_in": 0, "samples_out": 0, "bytes_out": 0, "failures": []}
     start = time.monotonic()
     if tasks:
-        if args.scheduler is not None:
-            finished = _dask(tasks, args.scheduler)
+        client = _dask_client(args.scheduler) if args.scheduler is not None else None
+        try:
+            os.makedirs(outdir, exist_ok=True)  # only now: a run that cannot start leaves nothing behind
+        except BaseException:
+            if client is not None:
+                client.close()
+            raise
+        if client is not None:
+            finished = _dask(tasks, client)
         else:
             finished = _local_pool(tasks, min(args.workers or _default_workers(), len(tasks)))
         with contextlib.closing(finished), Progress("convert", total=len(tasks), unit="shards",
@@ -291,7 +309,9 @@ def run(args):
             for (url, _, _), future in finished:
                 try:
                     counts = future.result()
-                except Exception as exn:
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as exn:  # SystemExit too: a failure of this shard, never the end of the run
                     text, entry = _failure(url, exn)
                     print(f"wdsmp convert: {text}", file=sys.stderr, flush=True)
                     summary["failed"] += 1
@@ -309,7 +329,7 @@ def run(args):
         print_json(summary)
     else:
         not_started = f", {summary['not_started']} not started" if summary["not_started"] else ""
-        print(f"{summary['done']} shards converted, {skipped} skipped (already complete), {summary['failed']} "
-              f"failed{not_started}; {summary['samples_in']:,} samples in, {summary['samples_out']:,} out -> "
-              f"{summary['output']}")
+        done = f"{summary['done']} shard{'s' * (summary['done'] != 1)}"
+        print(f"{done} converted, {skipped} skipped (already complete), {summary['failed']} failed{not_started}; "
+              f"{summary['samples_in']:,} samples in, {summary['samples_out']:,} out -> {summary['output']}")
     return 1 if summary["failed"] or summary["not_started"] else 0

@@ -25,10 +25,10 @@ from urllib.parse import urlsplit
 
 from ..gopen import local_path
 from ..native import tar_splitter_class
-from ..shardindex import relative_url, write_index
+from ..shardindex import relative_url, write_atomic, write_index
 from ..tarformat import BLOCK, GZIP_MAGIC
 from ..tariterators import _META_FILES, SHARD_END, ShardFailed, base_plus_ext, group_by_keys
-from .common import Progress, add_common, check_output, die, expand_inputs, print_json
+from .common import Progress, add_common, check_output, die, distinct_shards, expand_inputs, print_json
 from .verify import Problem, ShardReport, check_shard, open_counted
 
 __all__ = ["add_parser", "dali_index", "run"]
@@ -109,23 +109,15 @@ def _dali_paths(output, urls):
     return paths
 
 
-def _write_text(path, text):
-    """Write ``text`` to ``path`` atomically: a reader never sees half an index."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    temp = f"{path}.tmp{os.getpid()}"
-    with open(temp, "w") as stream:
-        stream.write(text)
-    os.replace(temp, path)
-
-
 def add_parser(subparsers):
     parser = subparsers.add_parser(
         "index", help="write the shard manifest (sample counts, sizes, sha256), or DALI index files",
         description="Count the samples of each shard with wdsmp's reader and write the manifest its "
-                    "loaders read (index.json: url, samples, size, sha256 per shard; URLs relative to the "
-                    "manifest when the shards are beside or below it). With --format dali, write instead "
-                    "one index file per shard for DALI's fn.readers.webdataset(index_paths=...). Damaged "
-                    "shards are reported and get no index; the status is then 1.")
+                    "loaders read (index.json: url, samples, size, sha256 per shard; paths relative to the "
+                    "manifest when the shards are beside or below it, absolute otherwise). With --format "
+                    "dali, write instead one index file per shard for DALI's fn.readers.webdataset("
+                    "index_paths=...). Damaged shards are reported and get no index; the status is then 1. "
+                    "A shard given twice is refused.")
     parser.add_argument("shards", nargs="+", metavar="SHARD", help="shards (paths, URLs, brace patterns, globs)")
     parser.add_argument("-o", "--output", required=True,
                         help="the manifest to write; with --format dali a directory, or a pattern with "
@@ -135,6 +127,11 @@ def add_parser(subparsers):
     parser.add_argument("--force", action="store_true", help="overwrite existing output")
     add_common(parser)
     parser.set_defaults(func=run)
+
+
+def _count(n, noun):
+    """``1 shard``, ``2 shards``."""
+    return f"{n} {noun}{'s' * (n != 1)}"
 
 
 def _report_problems(reports):
@@ -152,6 +149,11 @@ def run(args):
     urls = expand_inputs(args.shards)
     if "-" in urls:
         die("an index lists shards by URL: stdin cannot be indexed")
+    repeated = distinct_shards(urls)[1]
+    if repeated:
+        names = "; ".join(" and ".join(group) for group in repeated)
+        die(f"the same shard given more than once ({names}): an index lists each shard once, or the "
+            f"loaders would count its samples again")
     if args.format == "dali":
         paths = _dali_paths(args.output, urls)
     else:
@@ -164,7 +166,7 @@ def run(args):
             if args.format == "dali":
                 text, report = dali_index(url)
                 if text is not None:
-                    _write_text(paths[url], text)
+                    write_atomic(paths[url], text)
             else:
                 report = check_shard(url, hashed=True)
             reports.append(report)
@@ -175,14 +177,15 @@ def run(args):
                                    "size": r.size, "sha256": r.sha256} for r in reports])
     if bad:
         outcome = f"{args.output} not written" if args.format == "json" else "they got no index file"
-        print(f"wdsmp index: {bad} shard{'s' * (bad != 1)} with problems; {outcome}", file=sys.stderr)
+        print(f"wdsmp index: {_count(bad, 'shard')} with problems; {outcome}", file=sys.stderr)
     good = [r for r in reports if not r.problems]
     written = sorted({paths[r.url] for r in good}) if args.format == "dali" or not bad else []
     samples = sum(r.samples for r in good)
     if args.json:
         print_json({"format": args.format, "written": written, "shards": len(good), "samples": samples,
                     "bytes": sum(r.size for r in good), "failed": [r.url for r in reports if r.problems]})
-    elif not args.quiet:
-        what = args.output if args.format == "json" else f"{len(written)} DALI index files"
-        print(f"wdsmp index: wrote {what}: {len(good)} shards, {samples} samples", file=sys.stderr)
+    elif not args.quiet and written:
+        what = args.output if args.format == "json" else _count(len(written), "DALI index file")
+        print(f"wdsmp index: wrote {what}: {_count(len(good), 'shard')}, {_count(samples, 'sample')}",
+              file=sys.stderr)
     return 1 if bad else 0

@@ -5,16 +5,27 @@ The cache is the one ``cache_dir=`` of WebDataset, FastLoader and ExactSamples r
 is never fetched again by a loader. Each shard is fetched through the cache and read by
 wdsmp's tar reader, as a loader's first pass would: the cache adds a file only once it
 passed the reader's checks, and reading it here is what names the damage when it does
-not (a bare download would only learn that nothing was added). Shards already in the
-cache are skipped; local files are never cached (loaders read them in place).
-Fetches run in threads (``--jobs``): they wait on the network, not on the processor.
+not (a bare download would only learn that nothing was added). Local files are never
+cached (loaders read them in place). Fetches run in threads (``--jobs``): they wait on
+the network, not on the processor.
+
+A shard already in the cache is read through the tar reader too (a local read, far
+cheaper than the fetch it saves): a loader only checks a cache file's first block, so a
+file cut short (a full disk, a copy of the directory that stopped halfway) would pass
+there and stop training later. A damaged one is removed, under the entry's exclusive
+lock (NOTE [cache entry], in :mod:`wdsmp._cacheentry`), and fetched again, and the
+shard's line says so. The size the source announces would be cheaper to compare but is
+not there for every source (``pipe:``, chunked HTTP), and matches a file whose bytes are
+damaged.
 """
 
 import functools
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
-from ..cache import FileCache, check_tar_format, islocal
+from .._cacheentry import CachedFile, EntryLock, remove_if_present
+from ..cache import FileCache, islocal
 from ..errors import ShardError
 from ..tariterators import tar_file_iterator
 from .common import Progress, add_common, die, expand_inputs, print_json
@@ -22,27 +33,57 @@ from .common import Progress, add_common, die, expand_inputs, print_json
 __all__ = ["add_parser", "prefetch", "run"]
 
 
+def _read_through(stream, url):
+    """Read ``stream`` to its end with the tar reader, then close it."""
+    try:
+        for _ in tar_file_iterator(stream, url=url):
+            pass
+    finally:
+        stream.close()
+
+
+def _remove_entry(url, path, timeout):
+    """Remove ``url``'s cache file at ``path`` under its exclusive lock, waiting at most
+    ``timeout`` seconds for its readers (loaders hold it shared) to close it: ShardError then."""
+    lock = EntryLock(path)
+    deadline, delay = time.monotonic() + timeout, 0.01
+    while not lock.acquire(exclusive=True):
+        if time.monotonic() >= deadline:
+            raise ShardError(f"cannot replace the cache file {path}: another process kept reading it for "
+                             f"{timeout:g} s", url=url)
+        time.sleep(delay)
+        delay = min(2 * delay, 0.25)
+    try:
+        remove_if_present(path)
+    finally:
+        lock.release()
+
+
 def prefetch(cache, url):
-    """Bring ``url`` into ``cache`` (a FileCache); a dict with ``url``, ``status``
-    (``fetched``, ``cached``: already there, ``local``: not cached, ``failed``),
-    ``path`` and ``bytes``, or ``error`` when it failed."""
+    """Bring ``url`` into ``cache`` (a FileCache that opens every entry: ``validator=None``);
+    a dict with ``url``, ``status`` (``fetched``, ``cached``: already there, ``local``: not
+    cached, ``failed``), ``path`` and ``bytes``; ``error`` when it failed; ``damaged`` (what
+    the tar reader said) when a damaged cache file was removed to fetch the shard again."""
     if islocal(url):
         return {"url": url, "status": "local", "path": None, "bytes": None}
+    result = {"url": url, "status": "fetched", "path": None, "bytes": None}
     try:
         path = cache.entry_path(url)
-        if os.path.exists(path) and check_tar_format(path):
-            return {"url": url, "status": "cached", "path": path, "bytes": os.path.getsize(path)}
         stream = cache.open(url)
-        try:
-            for _ in tar_file_iterator(stream, url=url):
-                pass
-        finally:
-            stream.close()
+        if isinstance(stream, CachedFile):  # in the cache already: read it as a loader would
+            try:
+                _read_through(stream, url)
+                return dict(result, status="cached", path=path, bytes=os.path.getsize(path))
+            except (OSError, ValueError) as exn:
+                result["damaged"] = str(exn)
+            _remove_entry(url, path, cache.lock_timeout)
+            stream = cache.open(url)
+        _read_through(stream, url)
         if not os.path.exists(path):
             raise ShardError(f"not added to the cache at {path} (see the warnings above)", url=url)
     except (OSError, ValueError) as exn:
-        return {"url": url, "status": "failed", "path": None, "bytes": None, "error": str(exn)}
-    return {"url": url, "status": "fetched", "path": path, "bytes": os.path.getsize(path)}
+        return dict(result, status="failed", error=str(exn))
+    return dict(result, path=path, bytes=os.path.getsize(path))
 
 
 def add_parser(subparsers):
@@ -50,28 +91,47 @@ def add_parser(subparsers):
         "cache", help="prefetch shards into the shard cache of cache_dir=",
         description="Fetch shards into the shard cache that cache_dir= of WebDataset, FastLoader and "
                     "ExactSamples reads, checking each with wdsmp's tar reader. Shards already cached "
-                    "are skipped, local files are left where they are. The status is 1 if any shard "
-                    "could not be cached.")
+                    "are read (locally) to check them too, and fetched again if damaged; local files are "
+                    "left where they are. The status is 1 if any shard could not be cached.")
     parser.add_argument("shards", nargs="+", metavar="SHARD", help="shard URLs (brace patterns, globs)")
-    parser.add_argument("--cache-dir", required=True, help="the cache directory (created if needed)")
+    parser.add_argument("--cache-dir", required=True, help="the cache directory (made if missing; it must be "
+                        "writable)")
     parser.add_argument("-j", "--jobs", type=int, default=4, help="shards fetched at once (default 4)")
     add_common(parser)
     parser.set_defaults(func=run)
 
 
 def _line(result):
-    if result["status"] == "failed":
-        return f"FAILED  {result['url']}: {result['error']}"
-    if result["status"] == "local":
-        return f"local   {result['url']} (read in place, never cached)"
-    return f"{result['status']:<8}{result['url']} ({result['bytes']:,} bytes)"
+    status, url = result["status"], result["url"]
+    if status == "local":
+        return f"local   {url} (read in place, never cached)"
+    if status == "failed":
+        text = f"FAILED  {url}: {result['error']}"
+    else:
+        text = f"{status:<8}{url} ({result['bytes']:,} bytes)"
+    if "damaged" in result:
+        text += f"; the cache file was damaged ({result['damaged']}), so it was fetched again"
+    return text
+
+
+def _cache_directory(directory):
+    """Make ``directory`` if missing; a usage error if it cannot be one, or cannot be written."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        die(f"--cache-dir {directory} is not a directory")
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as exn:
+        die(f"--cache-dir {directory}: cannot make the directory: {exn.strerror or exn}")
+    if not os.access(directory, os.W_OK | os.X_OK):
+        die(f"--cache-dir {directory}: the directory is not writable")
 
 
 def run(args):
     if args.jobs < 1:
         die(f"--jobs must be at least 1, not {args.jobs}")
     urls = list(dict.fromkeys(expand_inputs(args.shards)))  # each shard once, in order
-    cache = FileCache(args.cache_dir)
+    _cache_directory(args.cache_dir)
+    cache = FileCache(args.cache_dir, validator=None)  # prefetch reads every cache file whole instead
     results = []
     with Progress("cache", total=len(urls), unit="shards", quiet=args.quiet) as progress, \
             ThreadPoolExecutor(max_workers=args.jobs) as pool:

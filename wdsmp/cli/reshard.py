@@ -65,7 +65,7 @@ def run(args):
         samples = read_samples(urls, tally)
     limits = dict(maxcount=args.maxcount, maxsize=args.maxsize) if series else {}
     with Progress(args.command, quiet=args.quiet) as progress, \
-            Output(args.output, args.force, inputs=urls, **limits) as output:
+            Output(args.output, args.force, inputs=urls, command=args.command, **limits) as output:
         for sample in samples:
             progress.update(1, output.write(sample))
     if tally["outside"]:

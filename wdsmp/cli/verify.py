@@ -4,8 +4,9 @@ Shards go through wdsmp's own tar reader and sample grouping, so what verify cal
 is exactly what stops a loader (or, with a skipping handler, silently drops samples). A
 loader stops at the first problem; verify goes on: after tar damage it reports the damaged
 member and moves to the next shard (a damaged tar stream cannot be resumed), after a sample
-problem (members split apart, duplicated) it goes on with the next sample. Each problem
-names the shard, the member and its byte offset where there is one.
+problem (members split apart, duplicated) it goes on with the next sample. A shard that
+cannot be opened (a missing file, an HTTP error) is a problem of that shard like any other.
+Each problem names the shard, the member and its byte offset where there is one.
 
 ``--index`` compares sample counts, sizes and sha256 digests with a manifest (see
 :mod:`wdsmp.shardindex`); the digest comes from the same pass that reads the tar.
@@ -26,7 +27,7 @@ from ..errors import SampleError, TarFormatError
 from ..gopen import gopen, local_path
 from ..shardindex import read_entries
 from ..tariterators import base_plus_ext, group_by_keys, tar_file_expander
-from .common import Progress, add_common, die, expand_inputs, print_json
+from .common import Progress, add_common, die, distinct_shards, expand_inputs, print_json
 
 __all__ = ["Problem", "ShardReport", "add_parser", "check_shard", "open_counted", "run"]
 
@@ -225,8 +226,9 @@ def add_parser(subparsers):
         description="Read shards as wdsmp's loaders do and report every problem: tar damage (truncation, "
                     "bad checksums, not a tar, empty files), members that do not group into samples, "
                     "with --index disagreements with a manifest, with --decode images that do not "
-                    "decode. Each problem names shard, member and byte offset. The status is 1 if "
-                    "anything is wrong.")
+                    "decode, and files that cannot be read (missing ones included). Each problem names "
+                    "shard, member and byte offset. A shard given twice is checked once. The status is 1 "
+                    "if anything is wrong.")
     parser.add_argument("shards", nargs="*", metavar="SHARD",
                         help="shards (paths, URLs, brace patterns, globs); default: those the index lists")
     parser.add_argument("--index", metavar="INDEX", help="a manifest (wdsmp index) to check counts, sizes "
@@ -242,7 +244,10 @@ def run(args):
     entries = None
     if args.index is not None:
         entries = {_place(entry["url"]): entry for entry in read_entries(args.index)}
-    urls = expand_inputs(args.shards) if args.shards else [entry["url"] for entry in entries.values()]
+    if args.shards:  # a missing file is a problem of its shard, reported with the others'
+        urls = distinct_shards(expand_inputs(args.shards, missing_ok=True))[0]
+    else:
+        urls = [entry["url"] for entry in entries.values()]
     hashed = entries is not None and any("sha256" in entry for entry in entries.values())
     problems, samples, nbytes, bad = [], 0, 0, 0
     with Progress("verify", total=len(urls), unit="shards", quiet=args.quiet) as progress:
