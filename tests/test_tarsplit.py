@@ -2,6 +2,7 @@
 
 import io
 import tarfile
+import tracemalloc
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -387,3 +388,37 @@ def test_readinto_out_of_range_is_refused(result):
         pytest.skip("native core not built")
     with pytest.raises(OSError, match="outside"):
         list(_tarsplit.TarSplitter(OddStream(b"", readinto_result=result), "odd"))
+
+
+# Found by tests/fuzz/fuzz_tarsplit.py (tests/fuzz/crashes/tarsplit-huge-size-claim): a header
+# may claim up to MAX_MEMBER_SIZE bytes; allocating that before the data arrives turned a
+# damaged 512-byte header into a MemoryError instead of a TarFormatError.
+
+
+def test_a_claimed_size_is_not_allocated_before_the_data_arrives(impl):
+    data = header(b"x.txt", 0, size_field=b"%011o\0" % (1 << 30)) + b"hello".ljust(BLOCK, b"\0") + END
+    tracemalloc.start()
+    try:
+        with pytest.raises(wdsmp.TarFormatError, match=r"member ended after 1536 of 1073741824 bytes.*'x.txt'"):
+            list(tar_splitter_class()(io.BufferedReader(io.BytesIO(data)), "shard.tar"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, f"{peak} bytes allocated to split a {len(data)}-byte archive"
+
+
+def test_a_member_larger_than_the_untrusted_chunk_comes_whole(impl):
+    """Read in chunks and joined: every byte in place, and the member after it intact."""
+    from wdsmp.tarformat import UNTRUSTED_CHUNK
+
+    big = bytes(range(256)) * ((UNTRUSTED_CHUNK + 3 * BLOCK + 77) // 256)
+    stream = io.BytesIO()
+    with tarfile.open(fileobj=stream, mode="w", format=tarfile.USTAR_FORMAT) as archive:
+        for name, data in (("big.bin", big), ("after.txt", b"after")):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    stream.seek(0)
+    members = list(tar_splitter_class()(io.BufferedReader(stream), "big.tar"))
+    assert [(name, len(data)) for name, data, _ in members] == [("big.bin", len(big)), ("after.txt", 5)]
+    assert members[0][1] == big and members[1][1] == b"after"

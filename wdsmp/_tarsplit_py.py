@@ -61,10 +61,11 @@ class TarSplitter:
         return self
 
     def _read(self, n):
-        """Up to n bytes; fewer only at the end of the stream."""
+        """Up to n bytes; fewer only at the end of the stream. Read in chunks, so that a size
+        claimed by a header costs memory only as its data arrives."""
         parts = []
         while n > 0:
-            chunk = self.stream.read(n)
+            chunk = self.stream.read(min(n, _tf.UNTRUSTED_CHUNK))
             if not chunk:
                 break
             parts.append(chunk)

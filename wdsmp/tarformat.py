@@ -10,6 +10,9 @@ from .errors import TarFormatError
 
 BLOCK = 512
 MAX_MEMBER_SIZE = 1 << 56  # beyond any real member; keeps size arithmetic in range
+# Memory is allocated for at most this much of a member before its data has arrived: a
+# damaged or hostile 512-byte header may claim gigabytes.
+UNTRUSTED_CHUNK = 1 << 25
 
 # Type flags (POSIX ustar, GNU and pax).
 REGULAR_TYPES = (b"0", b"\0", b"7")

@@ -20,6 +20,7 @@ cdef enum:
     BLOCK = 512
 
 cdef long long MAX_SIZE = _tf.MAX_MEMBER_SIZE  # one limit for both splitters
+cdef Py_ssize_t UNTRUSTED = _tf.UNTRUSTED_CHUNK  # allocated at most before data arrives
 
 
 cdef long long _number(const unsigned char* p, int n) noexcept nogil:
@@ -180,6 +181,8 @@ cdef class TarSplitter:
                 raise _tf.truncated_member(self.url, name, hoff, avail, padded)
             out = PyBytes_FromStringAndSize(<char*>self.buf + self.start, <Py_ssize_t>size)
             self.start += <Py_ssize_t>size
+        elif size > UNTRUSTED:
+            out = self._take_chunked(size, name, hoff, padded)
         else:
             # Too big to gather in the buffer: copy what is buffered, read the rest
             # straight into the result. The buffer may hold more than this member.
@@ -202,6 +205,34 @@ cdef class TarSplitter:
         else:
             self._skip(padded - size, name, hoff, size, padded)
         return out
+
+    cdef bytes _take_chunked(self, long long size, object name, long long hoff, long long padded):
+        """The next ``size`` bytes, read in chunks of at most UNTRUSTED and joined: a size claimed
+        by a damaged header costs memory only as its data arrives (one more copy for real ones)."""
+        cdef list parts = []
+        cdef long long got = 0
+        cdef Py_ssize_t n, k, r
+        cdef bytes chunk
+        n = self.end - self.start
+        if n > 0:
+            n = n if n < size else <Py_ssize_t>size
+            parts.append(PyBytes_FromStringAndSize(<char*>self.buf + self.start, n))
+            self.start += n
+            got = n
+        if self.start == self.end:
+            self.start = self.end = 0
+        while got < size:
+            n = UNTRUSTED if size - got > UNTRUSTED else <Py_ssize_t>(size - got)
+            chunk = PyBytes_FromStringAndSize(NULL, n)
+            k = 0
+            while k < n:
+                r = self._readinto_mem(<unsigned char*>PyBytes_AS_STRING(chunk) + k, n - k)
+                if r == 0:
+                    raise _tf.truncated_member(self.url, name, hoff, got + k, padded)
+                k += r
+            parts.append(chunk)
+            got += n
+        return b"".join(parts)
 
     cdef int _skip(self, long long n, object name, long long hoff, long long got, long long padded) except -1:
         """Discard n bytes (padding or unused member data)."""
