@@ -307,7 +307,7 @@ def _jpeg_pixels(data, mode):
 
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-    except ValueError:
+    except (ValueError, KeyError):  # KeyError: a sampling layout simplejpeg has no name for
         return None
     if max(height, width) > MAX_SIDE or height * width > MAX_PIXELS:
         # A few bytes can claim gigabytes of pixels: refuse before anything is allocated.

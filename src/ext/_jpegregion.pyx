@@ -74,7 +74,9 @@ cdef extern from *:
                                 unsigned long long max_side, unsigned long long max_pixels)
     {
         struct jpeg_decompress_struct* cinfo = &s->cinfo;
+        jpeg_component_info* comp;
         JDIMENSION xoffset, xwidth;
+        int ci, k, h, v;
         if (setjmp(s->err.jump))
             return -1;
         cinfo->err = jpeg_std_error(&s->err.pub);
@@ -102,6 +104,23 @@ cdef extern from *:
             snprintf(s->err.message, sizeof s->err.message, "the JPEG image is CMYK or YCCK, not RGB or grayscale");
             return -1;
         }
+        /* jpeg_crop_scanline crops some sampling layouts wrongly at reduced scales (libjpeg-turbo
+           2.1.5 turns a region of luma 2x2, Cb 1x1, Cr 1x4 at 2/8 into garbage). Only the layouts
+           TurboJPEG names, as simplejpeg decodes them, are region-decoded: grayscale, or 1x1
+           chroma with 1x1, 2x1, 2x2, 1x2, 4x1 or 1x4 luma (4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1, 4:4:1). */
+        if (cinfo->num_components == 3) {
+            comp = cinfo->comp_info;
+            h = comp[0].h_samp_factor;
+            v = comp[0].v_samp_factor;
+            if (comp[1].h_samp_factor != 1 || comp[1].v_samp_factor != 1 || comp[2].h_samp_factor != 1
+                    || comp[2].v_samp_factor != 1 || h == 3 || v == 3 || h * v > 4) {
+                snprintf(s->err.message, sizeof s->err.message,
+                         "the JPEG's sampling factors (%dx%d, %dx%d, %dx%d) are not a layout the region decoder handles",
+                         h, v, comp[1].h_samp_factor, comp[1].v_samp_factor, comp[2].h_samp_factor,
+                         comp[2].v_samp_factor);
+                return -1;
+            }
+        }
         cinfo->out_color_space = JCS_RGB;  /* grayscale sources are expanded by libjpeg-turbo */
         cinfo->scale_num = (unsigned)scale_num;
         cinfo->scale_denom = 8;
@@ -124,6 +143,21 @@ cdef extern from *:
             snprintf(s->err.message, sizeof s->err.message, "libjpeg gave %d channels, not RGB",
                      cinfo->output_components);
             return -1;
+        }
+        /* A progressive JPEG has been read whole by now; coef_bits says, per component and
+           coefficient, -1 (never sent) or the last scan's Al (0 when complete). libjpeg-turbo
+           smooths the blocks of an incomplete one (block smoothing), and smooths those of a
+           cropped row differently from a whole decode's (it reads neighbouring blocks), and
+           differently again from one release to the next: the whole-image path decides. */
+        if (cinfo->progressive_mode && cinfo->coef_bits != NULL) {
+            for (ci = 0; ci < cinfo->num_components; ci++)
+                for (k = 0; k < DCTSIZE2; k++)
+                    if (cinfo->coef_bits[ci][k] != 0) {
+                        snprintf(s->err.message, sizeof s->err.message,
+                                 "the progressive JPEG lacks some of its scans (component %d, coefficient %d): "
+                                 "its blocks would be smoothed", ci, k);
+                        return -1;
+                    }
         }
         if (*left > 0 || (JDIMENSION)*width < cinfo->output_width) {
             xoffset = (JDIMENSION)*left;
@@ -198,9 +232,12 @@ def decode_region(const unsigned char[:] data not None, int scale_num, int top, 
 
     Raises ValueError with libjpeg's message for damaged or unsupported data
     (including its warnings, NOTE [jpeg region errors]), for CMYK and YCCK
-    images, for a region outside the scaled image, and for headers over
-    ``max_side`` per side or ``max_pixels`` in all, which are refused before
-    anything is allocated.
+    images, for progressive images that lack some of their scans (libjpeg-turbo
+    smooths their blocks, a cropped region's unlike a whole decode's), for
+    colour images sampled other than 4:4:4, 4:2:2, 4:2:0, 4:4:0, 4:1:1 or 4:4:1
+    (libjpeg-turbo crops some such layouts wrongly), for a region outside the
+    scaled image, and for headers over ``max_side`` per side or ``max_pixels``
+    in all, which are refused before anything is allocated.
     """
     if not 1 <= scale_num <= 8:
         raise ValueError(f"scale_num {scale_num} is not in 1..8")

@@ -682,3 +682,75 @@ def test_region_decoder_selection(monkeypatch):
     assert not jpeg_region_available()
     out, info = decode(jpeg(40, 50), (16, 16))  # whole images, as before
     assert info.decoded == (20, 25)
+
+
+# Found by tests/fuzz/fuzz_jpegregion.py (tests/fuzz/crashes/jpegregion-progressive-missing-scans
+# and jpegregion-progressive-missing-scans-cropped): a progressive JPEG that ends, with its
+# end-of-image marker, before its refinement scans is valid, and libjpeg-turbo smooths the
+# blocks whose coefficients it has not received. It smooths the blocks of a cropped row unlike
+# a whole decode's (they read their neighbours), and the system's release that decode_region
+# links smooths unlike the one simplejpeg bundles for the whole-image path: the region decoder
+# refuses such a file, and the whole-image path decodes it.
+
+
+def progressive_missing_scans(scans):
+    """A progressive 4:2:0 JPEG cut after its first ``scans`` scans, then its end-of-image marker."""
+    data = jpeg(48, 40, progressive=True)
+    starts = [i for i in range(len(data) - 1) if data[i:i + 2] == b"\xff\xda"]
+    return data[:starts[scans]] + b"\xff\xd9"
+
+
+@pytest.mark.parametrize("scans", [1, 2, 6, 9])
+def test_region_decoder_refuses_progressive_jpegs_missing_scans(jpegregion, scans):
+    cut = progressive_missing_scans(scans)
+    whole_scaled(cut, 8)  # valid: simplejpeg decodes it without a warning
+    with pytest.raises(ValueError, match="progressive JPEG lacks some of its scans"):
+        jpegregion.decode_region(cut, 8, 8, 8, 24, 24, **LIMITS)
+    assert_region_matches(jpeg(48, 40, progressive=True), 8, 8, 8, 24, 24, jpegregion)  # all its scans
+
+
+@pytest.mark.parametrize("scans", [1, 6])
+def test_progressive_jpegs_missing_scans_decode_as_without_the_region_decoder(impl, region, scans):
+    cut = progressive_missing_scans(scans)
+    for seed in range(4):
+        a, ia = decode(cut, (24, 24), train=seed > 0, rng=random.Random(seed), region=region)
+        b, ib = decode(cut, (24, 24), train=seed > 0, rng=random.Random(seed), region=False)
+        assert ia == ib  # the whole image decoded: the region decoder refused it
+        np.testing.assert_array_equal(a, b)
+
+
+# Found by tests/fuzz/fuzz_jpegregion.py (tests/fuzz/crashes/jpegregion-441-subsampling): for a
+# JPEG whose luma is sampled 1x4 and chroma 1x1 (TurboJPEG's 4:4:1), simplejpeg.decode_jpeg_header
+# raises KeyError (its subsampling table lacks the code), and decode_into lets it through: neither
+# decoded (Pillow, simplejpeg.decode_jpeg and the region decoder all read a valid such file) nor a
+# DecodeError naming the shard and member. Such files now go to Pillow, as in autodecode.
+
+
+def test_a_jpeg_with_4_4_1_subsampling_decodes_or_is_a_decode_error(impl, region):
+    data = bytearray(jpeg(32, 32, subsampling=0))
+    components = data.index(b"\xff\xc0") + 10  # the frame header's first component: id, sampling, table
+    assert data[components:components + 3] == b"\x01\x11\x00"
+    data[components + 1] = 0x14  # luma sampled 1x4: the header claims 4:4:1 (the scan data no longer fits)
+    try:
+        decode_into(bytes(data), np.zeros((16, 16, 3), np.uint8), False, None, url="a.tar", member="k.jpg",
+                    region=region)
+    except DecodeError as exn:
+        assert (exn.url, exn.member) == ("a.tar", "k.jpg")
+
+
+# Found by tests/fuzz/fuzz_jpegregion.py (tests/fuzz/crashes/jpegregion-odd-sampling-crop): for a
+# JPEG sampled luma 2x2, Cb 1x1, Cr 1x4, libjpeg-turbo 2.1.5's jpeg_crop_scanline crops wrongly at
+# reduced scales (the file below, which decodes without a warning, came out up to 202 levels from
+# the whole decode when cropped at 4/8; skipping rows was exact). simplejpeg cannot name such a
+# layout, so decode_into never sent one to the region decoder; decode_region itself now refuses
+# every layout but those TurboJPEG names.
+
+
+def test_region_decoder_refuses_unusual_sampling_layouts(jpegregion):
+    data = bytearray(jpeg(48, 40, subsampling=2))  # 4:2:0: luma 2x2, chroma 1x1
+    components = data.index(b"\xff\xc0") + 10  # the frame header's components: id, sampling, table
+    assert data[components:components + 9] == b"\x01\x22\x00\x02\x11\x01\x03\x11\x01"
+    data[components + 7] = 0x14  # Cr sampled 1x4, more than the luma vertically
+    for n in (2, 4, 8):
+        with pytest.raises(ValueError, match=r"sampling factors \(2x2, 1x1, 1x4\) are not a layout"):
+            jpegregion.decode_region(bytes(data), n, 0, 0, 4, 4, **LIMITS)

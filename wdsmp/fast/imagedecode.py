@@ -260,7 +260,7 @@ def _jpeg_pixels(data, box_of, out_size, dct_scaling, region):
 
     try:
         height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-    except ValueError:
+    except (ValueError, KeyError):  # KeyError: a sampling layout simplejpeg has no name for
         return None
     if colorspace in ("CMYK", "YCCK"):
         return None
