@@ -513,8 +513,10 @@ def test_workers_exit_when_the_main_process_is_killed(shards, tmp_path):
 
 
 def test_killing_the_whole_process_group_leaves_a_ring_cleanup_removes(shards, tmp_path):
-    """SIGKILL to the group (as a job scheduler does): nobody gets to clean up, so the
-    ring stays until the next loader's cleanup_stale() (NOTE [ring ownership])."""
+    """SIGKILL to the group (as a job scheduler does): nobody gets to clean up, so the ring
+    and the queues' semaphores stay until the next loader's cleanup_stale() and
+    sweep_semaphores() (NOTE [ring ownership], NOTE [semaphore names])."""
+    from wdsmp.fast.pool import SEM_PREFIX, sweep_semaphores
     from wdsmp.fast.ring import cleanup_stale
 
     _, index, _ = shards
@@ -529,8 +531,12 @@ def test_killing_the_whole_process_group_leaves_a_ring_cleanup_removes(shards, t
         child.stdout.close()
     assert status == -signal.SIGKILL
     assert _gone(pids, 5)
+    semaphores = [n for n in os.listdir(SHM_DIR) if n.startswith(f"sem.{SEM_PREFIX}{child.pid}-")]
+    assert semaphores  # the dead loader's, left behind
     cleanup_stale()  # what a new FastLoader does first
+    assert sorted(set(semaphores) & set(sweep_semaphores())) == sorted(semaphores)
     assert ring not in os.listdir(SHM_DIR)
+    assert not [n for n in os.listdir(SHM_DIR) if n.startswith(f"sem.{SEM_PREFIX}{child.pid}-")]
 
 
 def test_cuda_needs_a_gpu(shards):

@@ -255,6 +255,7 @@ class FastLoader:
         mp_context = _pool.context(start_method)  # a bad start method fails here, not at the first batch
         self.plan(0)  # bad plan arguments (rank, policy, too few samples) fail here too
         cleanup_stale(DEFAULT_PREFIX)
+        _pool.sweep_semaphores()
         self._ring = Ring.create(layout, self.num_workers * self.prefetch)  # last: nothing after it fails
         self._config = WorkerConfig(
             ring=self._ring.name, layout=layout, image_keys=image_keys, label=label, fields=extra, keys=bool(keys),
@@ -463,10 +464,11 @@ class _Workers:
 
     def __init__(self, config, num_workers, prefetch, start_method):
         ctx = _pool.context(start_method)
-        self.stop_event = ctx.Event()
-        self.ready = ctx.Queue()
-        self.tasks = [ctx.Queue() for _ in range(num_workers)]
-        self.free = [ctx.Queue() for _ in range(num_workers)]
+        with _pool.named_semaphores():  # NOTE [semaphore names] in pool.py
+            self.stop_event = ctx.Event()
+            self.ready = ctx.Queue()
+            self.tasks = [ctx.Queue() for _ in range(num_workers)]
+            self.free = [ctx.Queue() for _ in range(num_workers)]
         for w, queue in enumerate(self.free):
             for slot in range(w * prefetch, (w + 1) * prefetch):
                 queue.put(slot)

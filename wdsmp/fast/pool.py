@@ -18,21 +18,35 @@ NOTE [main module]
     therefore started with the main module hidden, and skip that import;
     a user's function defined in the script still needs the guard, as it
     does with DataLoader under spawn.
+
+NOTE [semaphore names]
+    Queues and events for forkserver and spawn workers hold POSIX named
+    semaphores (``/dev/shm/sem.*``), which multiprocessing unlinks when they
+    are collected, or its resource tracker when the process dies. A SIGKILL
+    to the whole process group (a job scheduler's) kills the tracker too,
+    and the semaphores stay until reboot. The loader's are therefore named
+    ``wdsmp-sem-<pid>-...`` (``named_semaphores``), and ``sweep_semaphores``,
+    run by every new loader, unlinks those of processes that no longer exist.
 """
 
 import contextlib
 import multiprocessing
+import os
 import pickle
 import pickletools
+import re
 import signal
 import sys
 import time
 import types
 
-__all__ = ["START_METHODS", "WorkerPool", "context", "describe_exit", "refers_to_main", "start_server"]
+__all__ = ["START_METHODS", "WorkerPool", "context", "describe_exit", "named_semaphores", "refers_to_main",
+           "start_server", "sweep_semaphores"]
 
 START_METHODS = ("forkserver", "spawn", "fork")
 _PRELOAD = "wdsmp.fast.worker"
+SEM_PREFIX = "wdsmp-sem-"
+_SEM_DIR = "/dev/shm"
 
 
 def context(start_method):
@@ -63,6 +77,49 @@ def start_server(ctx):
         from multiprocessing import forkserver
 
         forkserver.ensure_running()
+
+
+@contextlib.contextmanager
+def named_semaphores():
+    """Semaphores made inside (queues, events) named after this process (NOTE [semaphore
+    names]); multiprocessing names them from its process's ``semprefix``."""
+    config = multiprocessing.current_process()._config
+    before = config.get("semprefix", "/mp")
+    config["semprefix"] = f"/{SEM_PREFIX}{os.getpid()}"
+    try:
+        yield
+    finally:
+        config["semprefix"] = before
+
+
+def sweep_semaphores(directory=_SEM_DIR):
+    """Unlink the loader semaphores of processes that no longer exist (NOTE [semaphore names]);
+    the names swept."""
+    pattern = re.compile(rf"sem\.{re.escape(SEM_PREFIX)}(\d+)-\w+")
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    swept = []
+    for name in names:
+        match = pattern.fullmatch(name)
+        if match and not _alive(int(match.group(1))):
+            try:
+                os.unlink(os.path.join(directory, name))
+                swept.append(name)
+            except FileNotFoundError:  # another loader swept it first
+                pass
+    return swept
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def describe_exit(exitcode):
