@@ -13,7 +13,11 @@ import time
 from ..gopen import local_path
 from ..shardlists import expand_urls
 
-__all__ = ["Progress", "add_common", "check_output", "die", "distinct_shards", "expand_inputs", "print_json"]
+__all__ = ["PARTIAL", "Progress", "add_common", "check_output", "die", "distinct_shards", "expand_inputs", "print_json"]
+
+# Prefix of an output being written: hidden, and not matched by `*.tar`; renamed to its own
+# name only when complete (create.py NOTE [failed output], convert.py NOTE [complete outputs]).
+PARTIAL = ".partial-"
 
 
 def add_common(parser, json_summary=True):

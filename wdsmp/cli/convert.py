@@ -56,11 +56,10 @@ from ..fast.loader import _default_workers
 from ..gopen import local_path
 from ..tariterators import tarfile_samples
 from ..writer import TarWriter
-from .common import Progress, add_common, die, expand_inputs, print_json
+from .common import PARTIAL, Progress, add_common, die, expand_inputs, print_json
 
 __all__ = ["MapError", "add_parser", "convert_shard", "load_function", "output_name", "run"]
 
-PARTIAL = ".partial-"  # NOTE [complete outputs]: hidden, and not matched by `*.tar`
 _SHARD_NAME = re.compile(r"[\w.+-]+\.(?:tar|tgz|tar\.gz|tar\.bz2|tar\.xz)(?![\w.])")
 
 

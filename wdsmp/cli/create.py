@@ -34,12 +34,11 @@ from ..gopen import gopen, local_path
 from ..handlers import reraise_exception
 from ..tariterators import base_plus_ext
 from ..writer import ShardWriter, TarWriter, _compression
-from .common import Progress, add_common, check_output, die, print_json
+from .common import PARTIAL, Progress, add_common, check_output, die, print_json
 
 DEFAULT_MAXCOUNT = 100000  # ShardWriter's defaults
 DEFAULT_MAXSIZE = 3e9
 MAX_SIZE = 10**19  # bytes: past any shard, and it keeps parse_size's arithmetic small
-PARTIAL = ".partial-"  # NOTE [failed output]
 
 _SIZE = re.compile(r"(\d+(?:\.\d*)?(?:[eE]\d+)?)\s*([kKmMgGtT]i?)?[bB]?")
 _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
