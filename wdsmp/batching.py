@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ._stages import pipelinefilter
+from ._validate import positive_int
 
 __all__ = [
     "batched",
@@ -91,8 +92,7 @@ def _batched(data, batchsize=20, collation_fn=default_collation_fn, partial=True
     A batch is handed on as soon as it is full; the last, shorter one only
     with ``partial=True``.
     """
-    if not isinstance(batchsize, int) or batchsize < 1:
-        raise ValueError(f"batchsize must be a positive int, not {batchsize!r}")
+    positive_int(batchsize, "batchsize")
     batch = []
     for sample in data:
         batch.append(sample)

@@ -36,6 +36,8 @@ import sys
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ._validate import is_int
+
 __all__ = ["DBCache"]
 
 _SCHEMA = (
@@ -64,7 +66,7 @@ class DBCache(IterableDataset):
     def __init__(self, dataset, fname, size, verbose=True, key="__key__", shuffle=False,
                  timeout=60.0):
         super().__init__()
-        if fname is not None and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
+        if fname is not None and not is_int(size, 1):
             raise ValueError(f"size must be a positive number of samples, not {size!r}")
         self.dataset = dataset
         self.fname = None if fname is None else os.fspath(fname)

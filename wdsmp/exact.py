@@ -52,6 +52,7 @@ from itertools import islice
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from ._validate import is_int
 from .handlers import reraise_exception
 from .shardindex import shard_counts
 from .tariterators import tarfile_samples
@@ -169,9 +170,9 @@ class ExactSamples(IterableDataset):
         if unknown:
             raise ValueError(f"ExactSamples needs the sample count of every shard ({len(unknown)} unknown, "
                              f"e.g. {unknown[0]!r}): give a shard index (.json) or (url, count) pairs")
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if not is_int(batch_size, 1):
             raise ValueError(f"batch_size must be an int >= 1, not {batch_size!r}")
-        if isinstance(shuffle_buffer, bool) or not isinstance(shuffle_buffer, int) or shuffle_buffer < 0:
+        if not is_int(shuffle_buffer, 0):
             raise ValueError(f"shuffle_buffer must be an int >= 0, not {shuffle_buffer!r}")
         if policy not in POLICIES:
             raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
@@ -238,10 +239,10 @@ class ExactSamples(IterableDataset):
                 raise ValueError(f"state was saved with {name}={state.get(name)!r}, this source has "
                                  f"{mine[name]!r}: resuming exactly needs the same shards and settings")
         epoch, done, streams = state["epoch"], state["batches_done"], state["streams"]
-        if isinstance(streams, bool) or not isinstance(streams, int) or streams < 1:
+        if not is_int(streams, 1):
             raise ValueError(f"state has streams={streams!r}, not an int >= 1")
         total = self.plan(streams, int(epoch)).batches_per_rank
-        if isinstance(done, bool) or not isinstance(done, int) or not 0 <= done <= total:
+        if not is_int(done, 0) or done > total:
             raise ValueError(f"state has batches_done={done!r}, not within the epoch's {total} batches")
         self.epoch = int(epoch)
         self.resume = {"epoch": self.epoch, "batches_done": done, "streams": streams}

@@ -12,14 +12,14 @@ import os
 from torch.utils.data import IterableDataset
 
 from . import utils
+from ._validate import non_negative_int
 from .utils import PipelineStage
 
 __all__ = ["MockDataset", "repeatedly", "with_epoch", "with_length"]
 
 
 def _check_length(length, what):
-    if isinstance(length, bool) or not isinstance(length, int) or length < 0:
-        raise ValueError(f"{what} must be a non-negative int, not {length!r}")
+    non_negative_int(length, what)
 
 
 class MockDataset(IterableDataset):

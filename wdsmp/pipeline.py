@@ -26,6 +26,7 @@ from itertools import islice
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from . import exact
+from ._validate import non_negative_int
 from .utils import PipelineStage
 
 __all__ = ["DataPipeline", "add_length_method"]
@@ -245,8 +246,7 @@ class DataPipeline(IterableDataset):
         It changes nothing about how many items an epoch yields. A plain
         attribute, not webdataset's patched class, so the pipeline still pickles.
         """
-        if not isinstance(n, int) or n < 0:
-            raise ValueError(f"length must be a non-negative int, not {n!r}")
+        non_negative_int(n, "length")
         if not silent:
             warnings.warn(".with_length() only sets the value of __len__ for compatibility with "
                           "some training environments; it does not change the number of samples "

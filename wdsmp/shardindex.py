@@ -17,6 +17,7 @@ import os
 import posixpath
 from urllib.parse import urlsplit, urlunsplit
 
+from ._validate import is_int
 from .gopen import gopen, local_path
 
 __all__ = ["read_entries", "read_index", "relative_url", "resolve_url", "shard_counts", "write_atomic",
@@ -71,7 +72,7 @@ def read_entries(source):
     for i, entry in enumerate(shards):
         url = entry.get("url") if isinstance(entry, dict) else None
         samples = entry.get("samples") if isinstance(entry, dict) else None
-        if not isinstance(url, str) or not isinstance(samples, int) or isinstance(samples, bool) or samples < 0:
+        if not isinstance(url, str) or not is_int(samples, 0):
             raise ValueError(f"shard index {source!r}: entry {i} ({entry!r}) needs a 'url' string and a "
                              f"'samples' count >= 0")
         entries.append(dict(entry, url=resolve_url(source, url)))

@@ -22,6 +22,7 @@ import braceexpand
 from torch.utils.data import IterableDataset
 
 from . import _env, utils
+from ._validate import is_int, non_negative_int
 from ._stages import pipelinefilter
 from .gopen import local_path
 
@@ -163,8 +164,7 @@ class ResampledShards(IterableDataset):
     def __init__(self, urls, nshards=sys.maxsize, seed=0, worker_seed=None,
                  deterministic=False, max_urls=int(1e6), empty_check=True):
         super().__init__()
-        if not isinstance(nshards, int) or nshards < 0:
-            raise ValueError(f"nshards must be a non-negative int, not {nshards!r}")
+        non_negative_int(nshards, "nshards")
         if worker_seed is not None and not callable(worker_seed):
             raise TypeError(f"worker_seed must be callable, not {worker_seed!r}")
         self.urls = expand_source(urls, max_urls)
@@ -263,8 +263,7 @@ def resampled_(src, n=sys.maxsize, seed=None):
     ``seed=None`` draws from OS entropy, as webdataset does; give a seed for
     the same draws on every run.
     """
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"resampled: n must be a non-negative int, not {n!r}")
+    non_negative_int(n, "resampled: n")
     items = list(src)
     if not items and n > 0:
         raise ValueError("resampled: the upstream stage yielded nothing to resample")
@@ -322,7 +321,7 @@ def _strings(value, where, key):
 
 def _count(ds, key, where):
     value = ds.get(key, -1)
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise ValueError(f"{where}: {key!r} must be an int, not {value!r}")
     return value
 

@@ -23,6 +23,8 @@ from typing import Tuple
 
 import numpy as np
 
+from .._validate import positive_int
+
 __all__ = [
     "FIELD_ALIGN",
     "HEADER_SIZE",
@@ -114,8 +116,7 @@ class BatchLayout:
     digest: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, not {self.batch_size!r}")
+        positive_int(self.batch_size, "batch_size")
         fields = tuple(self.fields)
         if not fields:
             raise ValueError("a BatchLayout needs at least one field")
@@ -146,8 +147,7 @@ class BatchLayout:
 
     def ring_size(self, nslots):
         """Bytes of a ring of ``nslots`` slots, header included."""
-        if isinstance(nslots, bool) or not isinstance(nslots, int) or nslots < 1:
-            raise ValueError(f"nslots must be a positive int, not {nslots!r}")
+        positive_int(nslots, "nslots")
         return HEADER_SIZE + nslots * self.slot_size
 
     def write_header(self, buffer, nslots):
