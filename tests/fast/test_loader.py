@@ -397,7 +397,7 @@ def test_break_then_iterate_again_and_close_is_idempotent(shards):
 
 
 def _worker_pids(loader):
-    return loader._state.workers.pool.pids()
+    return loader._resources.workers.pool.pids()
 
 
 def test_garbage_collection_stops_workers_and_frees_the_ring(shards):
@@ -462,7 +462,7 @@ _CHILD = textwrap.dedent("""
         loader = FastLoader(sys.argv[1], 4, num_workers=2, image_size=24)
         iterator = iter(loader)
         next(iterator)
-        print(loader._ring.name, *loader._state.workers.pool.pids(), flush=True)
+        print(loader._ring.name, *loader._resources.workers.pool.pids(), flush=True)
         if sys.argv[2] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         while True:  # epoch after epoch, until a signal ends it

@@ -29,7 +29,7 @@ def test_cuda_batches_equal_cpu_batches(shards):  # noqa: F811
                 assert torch.equal(image, cpu[key].permute(2, 0, 1))
             count += 1
         assert count == len(loader)
-        assert loader._state.pinned  # the ring was registered as pinned memory
+        assert loader._resources.pinned  # the ring was registered as pinned memory
 
 
 def test_cuda_normalises_on_the_gpu(shards):  # noqa: F811

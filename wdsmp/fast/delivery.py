@@ -1,5 +1,6 @@
 """Delivering one epoch's batches in order, from the workers' messages; see NOTE [loader protocol]
-in ``loader.py``, whose ``FastLoader`` creates an ``EpochIterator`` for each ``iter()``."""
+in ``loader.py``, whose ``FastLoader`` creates an ``EpochIterator`` for each ``iter()`` and
+``transfer.CudaLoader`` drives it batch by batch."""
 
 import time
 from queue import Empty
@@ -8,15 +9,15 @@ from ..errors import WorkerError
 from . import pool as _pool
 from .messages import BatchReady, WorkerDone, WorkerFailed, WorkerWarning
 
-__all__ = ["EpochIterator", "Progress"]
+__all__ = ["DeliveryState", "EpochIterator"]
 
 _POLL = 0.5  # seconds between liveness checks while waiting for a batch
 
 
-class Progress:
-    """An epoch's delivery counts and state, shared by its iterator and the loader. The loader
-    must not hold the iterator (which holds the loader): a ``for`` loop left with ``break``
-    drops its iterator, and the loader must still know that the epoch was left unfinished."""
+class DeliveryState:
+    """How far an epoch's delivery got, shared by its iterator and the loader. The loader keeps
+    this, not the iterator, which a ``for`` loop left with ``break`` drops: the loader must
+    still know that the epoch was left unfinished (``abandon``) and where it stood (``state_dict``)."""
 
     def __init__(self, plan, workers):
         self.epoch, self.workers = plan.epoch, workers
@@ -43,20 +44,26 @@ class Progress:
 
 class EpochIterator:
     """Delivers one epoch's batches in order (NOTE [loader protocol]); ``streams[w]`` are the
-    streams worker w runs (interleaved in this same order)."""
+    streams worker w runs (interleaved in this same order).
 
-    def __init__(self, loader, workers, plan, streams):
-        self.loader, self.workers, self.plan, self.streams = loader, workers, plan, streams
+    Its collaborators, all the loader's: ``resources`` (``resources.LoaderResources``: the ring
+    and whether the loader is still open), ``slots`` (``batches.SlotTensors``: a message's slot
+    as a ``Batch``), ``stats`` (``stats.LoaderStats``), and ``timeout`` (seconds without a batch
+    before a ``TimeoutError``; None waits as long as the workers live)."""
+
+    def __init__(self, workers, plan, streams, *, resources, slots, stats, timeout=None):
+        self.workers, self.plan, self.streams = workers, plan, streams
+        self.resources, self.slots, self.stats, self.timeout = resources, slots, stats, timeout
         self.owner = {s: w for w, mine in enumerate(streams) for s in mine}
-        self.progress = Progress(plan, workers)
-        self.delivered = self.progress.delivered
+        self.state = DeliveryState(plan, workers)
+        self.delivered = self.state.delivered
         self.total = [None] * plan.num_workers  # each stream's batch count, once it is done
         self.pending = {}
         self.held = None
 
     @property
     def finished(self):
-        return self.progress.finished
+        return self.state.finished
 
     def __iter__(self):
         return self
@@ -71,19 +78,20 @@ class EpochIterator:
             self.release(self.held)
             self.held = None
         message = self.next_message()
-        self.progress.hand(message)
-        batch = self.loader._tensors(message)
-        if self.loader.copy:
+        self.hand(message)
+        batch = self.slots.batch(message)
+        if self.slots.copy:
             self.release(message)
         else:
             self.held = message
         return batch
 
     def next_message(self):
-        """The next ``BatchReady`` in delivery order; the caller must ``release`` it."""
+        """The next ``BatchReady`` in delivery order; the caller must ``release`` it, and
+        ``hand`` it when its batch goes to the user."""
         if self.finished:
             raise StopIteration
-        self.loader._check_open()
+        self.resources.check_open()
         started = time.monotonic()
         while True:
             stream = self._next_stream()
@@ -96,8 +104,12 @@ class EpochIterator:
                 break
             self._receive(worker, started)
         self.delivered[stream] += 1
-        self.loader._delivered(message, time.monotonic() - started)
+        self.stats.add_batch(message.count, time.monotonic() - started, self.plan.epoch)
         return message
+
+    def hand(self, message):
+        """The batch of ``message`` goes to the user now: ``state_dict`` counts it as seen."""
+        self.state.hand(message)
 
     def release(self, message):
         """Give the slot of ``message`` back to the worker that filled it."""
@@ -110,7 +122,7 @@ class EpochIterator:
         candidates = [s for s, n in enumerate(self.delivered) if self.total[s] is None or n < self.total[s]]
         return min(candidates, key=lambda s: (self.delivered[s], s), default=None)
 
-    def _next_worker(self):
+    def next_worker(self):
         """The worker that makes the next batch; None when all are done."""
         stream = self._next_stream()
         return None if stream is None else self.owner[stream]
@@ -129,8 +141,7 @@ class EpochIterator:
             self.pending[(message.stream, message.index)] = message
         elif isinstance(message, WorkerDone):
             self.total[message.stream] = message.batches
-            self.loader._stats["skipped"] += message.skipped
-            self.loader._stats["padded"] += message.padded
+            self.stats.add_stream_end(message.skipped, message.padded)
         elif isinstance(message, WorkerWarning):
             message.reissue()
         elif isinstance(message, WorkerFailed):
@@ -150,7 +161,7 @@ class EpochIterator:
                                    f"during epoch {self.plan.epoch}, after delivering "
                                    f"{sum(self.delivered[s] for s in self.streams[worker])} batches; "
                                    f"the epoch cannot be completed"))
-        timeout = self.loader.timeout
+        timeout = self.timeout
         if timeout is not None and time.monotonic() - started > timeout:
             stream = self._next_stream()
             self._fail(TimeoutError(f"no batch from loader worker {waiting_for} for {timeout} s "
@@ -158,12 +169,12 @@ class EpochIterator:
 
     def _fail(self, error):
         self.held = None
-        self.progress.abandon()
+        self.state.abandon()
         raise error
 
     def _finish(self):
-        self.progress.finished = True
-        self.progress.complete = self.progress.handed == self.progress.delivered
+        self.state.finished = True
+        self.state.complete = self.state.handed == self.state.delivered
         if self.held is not None:
             self.release(self.held)
             self.held = None

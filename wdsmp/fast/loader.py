@@ -55,50 +55,24 @@ NOTE [shutdown order]
 
 import multiprocessing
 import os
-import sys
-import time
 import weakref
 
 from .. import handlers as _handlers
 from ..shardindex import shard_counts
 from ..utils import pytorch_worker_info
 from . import pool as _pool
-from .layout import BatchLayout, FieldSpec
+from .batches import Batch, SlotTensors
 from .delivery import EpochIterator
-from .messages import Stop
+from .layout import BatchLayout, FieldSpec
 from .plan import POLICIES, PlanPosition, plan_epoch, streams_of_workers
+from .resources import LoaderResources
 from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
-from .worker import IMAGES, KEYS, LABELS, DecodeOptions, WorkerConfig, worker_main
+from .stats import LoaderStats
+from .worker import IMAGES, KEYS, LABELS, DecodeOptions, WorkerConfig
 
 __all__ = ["IMAGE_KEYS", "Batch", "FastLoader"]
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "ppm", "pgm", "npy", "webp", "bmp", "tif", "tiff")
-
-
-class Batch(tuple):
-    """``(images, labels)``, so ``for images, labels in loader`` works, plus ``keys`` (a list
-    of str when ``keys=True``, else None), ``fields`` (``{name: tensor}`` of declared
-    fields), ``count`` (rows) and ``epoch``."""
-
-    def __new__(cls, images, labels, keys=None, fields=None, epoch=None):
-        batch = super().__new__(cls, (images, labels))
-        batch.keys, batch.fields, batch.epoch = keys, dict(fields or {}), epoch
-        return batch
-
-    def __getnewargs__(self):  # copy and pickle; the attributes follow in __dict__
-        return tuple(self)
-
-    @property
-    def images(self):
-        return self[0]
-
-    @property
-    def labels(self):
-        return self[1]
-
-    @property
-    def count(self):
-        return len(self[0])
 
 
 def _positive(value, name):
@@ -261,14 +235,13 @@ class FastLoader:
             ring=self._ring.name, layout=layout, image_keys=image_keys, label=label, fields=extra, keys=bool(keys),
             stages=stages, handler=handler, decode=decode, shuffle_buffer=buffer, cache_dir=cache_dir)
         _pool.start_server(mp_context)
-        self._state = _State(self._ring)
-        self._finalizer = weakref.finalize(self, self._state.close)
+        self._resources = LoaderResources(self._ring)
+        self._finalizer = weakref.finalize(self, self._resources.close)
+        self._slots = SlotTensors(self._ring, copy=self.copy, channels_first=self.channels_first)
+        self._stats = LoaderStats(report_every=self.progress)
         self.epoch = 0
         self._resume = None
-        self._progress = None  # the current epoch's Progress (never its iterator: see delivery.Progress)
-        self._stats = {"batches": 0, "samples": 0, "skipped": 0, "padded": 0, "wait_s": 0.0}
-        self._started = None
-        self._logged = 0.0  # when progress was last reported
+        self._delivery = None  # the current epoch's DeliveryState (never its iterator: see there)
 
     def _layout(self, label, keys, key_length, fields):
         height, width = self.image_size
@@ -324,27 +297,24 @@ class FastLoader:
         return batches
 
     def __iter__(self):
-        self._check_open()
-        return self._begin()
-
-    def _begin(self):
         """Start the next epoch: the workers get their plans; the iterator delivers the batches."""
-        if self._progress is not None:
-            self._progress.abandon()
+        self._resources.check_open()
+        if self._delivery is not None:
+            self._delivery.abandon()
         position = self._resume or PlanPosition(self.epoch)
         self._resume = None
         plan = self.plan(position)
         self.epoch = plan.epoch + 1
-        workers = self._state.workers
+        workers = self._resources.workers
         if workers is None or workers.broken:
-            workers = self._state.start(self._config, self.num_workers, self.prefetch, self._start_method)
+            workers = self._resources.start_workers(self._config, self.num_workers, self.prefetch, self._start_method)
         streams = streams_of_workers(plan.num_workers, self.num_workers)
         for w, mine in enumerate(streams):
             workers.tasks[w].put(tuple(plan.workers[s] for s in mine))
-        if self._started is None:
-            self._started = time.monotonic()
-        iterator = EpochIterator(self, workers, plan, streams)
-        self._progress = iterator.progress
+        self._stats.start()
+        iterator = EpochIterator(workers, plan, streams, resources=self._resources, slots=self._slots,
+                                 stats=self._stats, timeout=self.timeout)
+        self._delivery = iterator.state
         return iterator
 
     def state_dict(self):
@@ -354,11 +324,11 @@ class FastLoader:
         handler drop samples (each worker's position in its sample stream is part of the
         state), and also with another ``num_workers`` (the epoch's streams are then shared
         out whole, ``plan.streams_of_workers``), in the order the batches would have come."""
-        progress = self._progress
+        delivery = self._delivery
         if self._resume is not None:
             epoch, delivered, consumed = self._resume.epoch, self._resume.worker_batches, self._resume.worker_consumed
-        elif progress is not None and not progress.complete:
-            epoch, delivered, consumed = progress.epoch, tuple(progress.handed), tuple(progress.consumed)
+        elif delivery is not None and not delivery.complete:
+            epoch, delivered, consumed = delivery.epoch, tuple(delivery.handed), tuple(delivery.consumed)
         else:
             epoch, delivered, consumed = self.epoch, (0,) * self.num_workers, (0,) * self.num_workers
         return {"epoch": epoch, "batches_done": sum(delivered), "worker_batches": list(delivered),
@@ -379,51 +349,14 @@ class FastLoader:
         self._resume = position
         self.epoch = position.epoch
 
-    # -- delivery ------------------------------------------------------------------------
-
-    def _tensors(self, message):
-        """The slot of ``message`` as a ``Batch`` of zero-copy tensors (NOTE [batch lifetime])."""
-        import torch
-
-        arrays = self._ring.views(message.slot)
-        count = message.count
-        tensors = {name: torch.from_numpy(array[:count] if count < len(array) else array)
-                   for name, array in arrays.items() if name != KEYS}
-        if self.copy:
-            tensors = {name: tensor.clone() for name, tensor in tensors.items()}
-        images = tensors.pop(IMAGES)
-        if self.channels_first:
-            images = images.permute(0, 3, 1, 2)
-        labels = tensors.pop(LABELS, None)
-        keys = [k.decode() for k in arrays[KEYS][:count]] if KEYS in arrays else None
-        return Batch(images, labels, keys, tensors, message.epoch)
-
-    def _delivered(self, message, waited):
-        stats = self._stats
-        stats["batches"] += 1
-        stats["samples"] += message.count
-        stats["wait_s"] += waited
-        if self.progress is not None and time.monotonic() - self._logged >= self.progress:
-            self._logged = time.monotonic()
-            print(f"wdsmp FastLoader: {self._describe_rate()}", file=sys.stderr, flush=True)
-
-    def _describe_rate(self):
-        stats = self.stats
-        return (f"epoch {stats['epoch']}, {stats['batches']:,} batches, {stats['images_per_s']:,.0f} images/s, "
-                f"waiting for data {stats['wait_fraction']:.0%} of the time, {stats['skipped']} skipped")
+    # -- throughput ----------------------------------------------------------------------
 
     @property
     def stats(self):
         """Counters since the loader started: batches, samples, images_per_s, wait_s (time spent
         waiting for workers) and wait_fraction, skipped (bad samples the handler let pass) and
         padded (rows repeated to keep batches full)."""
-        stats = dict(self._stats)
-        elapsed = time.monotonic() - self._started if self._started is not None else 0.0
-        stats["epoch"] = max(self.epoch - 1, 0)
-        stats["elapsed_s"] = elapsed
-        stats["images_per_s"] = stats["samples"] / elapsed if elapsed > 0 else 0.0
-        stats["wait_fraction"] = stats["wait_s"] / elapsed if elapsed > 0 else 0.0
-        return stats
+        return self._stats.snapshot(max(self.epoch - 1, 0))
 
     def cuda(self, device=None, *, mean=None, std=None, dtype=None, channels_last=True, depth=2):
         """Batches on a CUDA device, copied from pinned shared memory on a side stream; see
@@ -435,13 +368,9 @@ class FastLoader:
 
     # -- lifetime ------------------------------------------------------------------------
 
-    def _check_open(self):
-        if self._state.closed:
-            raise ValueError("this FastLoader is closed")
-
     @property
     def closed(self):
-        return self._state.closed
+        return self._resources.closed
 
     def close(self):
         """Stop the workers and free the shared memory (NOTE [shutdown order]). Idempotent."""
@@ -458,70 +387,3 @@ class FastLoader:
         return (f"FastLoader({len(self.shards)} shards, batch_size={self.batch_size}, "
                 f"image_size={self.image_size}, train={self.train}, {state})")
 
-
-class _Workers:
-    """One generation of worker processes and their queues (NOTE [loader protocol])."""
-
-    def __init__(self, config, num_workers, prefetch, start_method):
-        ctx = _pool.context(start_method)
-        with _pool.named_semaphores():  # NOTE [semaphore names] in pool.py
-            self.stop_event = ctx.Event()
-            self.ready = ctx.Queue()
-            self.tasks = [ctx.Queue() for _ in range(num_workers)]
-            self.free = [ctx.Queue() for _ in range(num_workers)]
-        for w, queue in enumerate(self.free):
-            for slot in range(w * prefetch, (w + 1) * prefetch):
-                queue.put(slot)
-        self.broken = False
-        self.pool = _pool.WorkerPool(worker_main, [(w, config, self.tasks[w], self.free[w], self.ready,
-                                                    self.stop_event) for w in range(num_workers)], ctx,
-                                     main=_pool.refers_to_main(config))
-
-    def shutdown(self, timeout=5.0):
-        """NOTE [shutdown order], the workers' part. Idempotent; done even when interrupted."""
-        if self.broken:
-            return
-        self.broken = True
-        try:
-            self.stop_event.set()
-            for queue in self.tasks:
-                queue.put(Stop())
-            self.pool.stop(timeout)
-        finally:
-            self.pool.stop(0.0)  # after an interrupted join: terminate and kill at once
-            for queue in [self.ready, *self.tasks, *self.free]:
-                queue.cancel_join_thread()
-                queue.close()
-
-
-class _State:
-    """What ``close()`` must release, apart from the loader (so the finalizer keeps no cycle)."""
-
-    def __init__(self, ring):
-        self.ring = ring
-        self.workers = None
-        self.pinned = []  # cleanup callables of pinned-memory registrations (transfer.py)
-        self.pin_failed = False
-        self.closed = False
-
-    def start(self, config, num_workers, prefetch, start_method):
-        if self.workers is not None:
-            self.workers.shutdown()
-        self.workers = _Workers(config, num_workers, prefetch, start_method)
-        return self.workers
-
-    def close(self):
-        """NOTE [shutdown order]."""
-        if self.closed:
-            return
-        self.closed = True
-        try:
-            if self.workers is not None:
-                self.workers.shutdown()
-                self.workers = None
-        finally:
-            try:
-                while self.pinned:
-                    self.pinned.pop()()
-            finally:
-                self.ring.close()

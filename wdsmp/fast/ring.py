@@ -99,7 +99,7 @@ class Ring:
 
     Use ``Ring.create`` (owner) or ``Ring.attach`` (workers), not the
     constructor. Attributes: ``name``, ``layout``, ``nslots``, ``size``
-    (bytes), ``owner``, ``closed``.
+    (bytes), ``owner``, ``closed``, ``buffer``.
     """
 
     def __init__(self, name, layout, nslots, mapping, *, shm=None, lock_fd=None):
@@ -120,6 +120,14 @@ class Ring:
     @property
     def closed(self):
         return self._mmap is None
+
+    @property
+    def buffer(self):
+        """The whole segment, header and slots, as a writable buffer (an mmap); to register it with
+        CUDA as pinned memory (``transfer.py``). ValueError once closed."""
+        if self._mmap is None:
+            raise ValueError(f"ring {self.name!r} is closed")
+        return self._mmap
 
     @classmethod
     def create(cls, layout, nslots, prefix=DEFAULT_PREFIX):
@@ -190,9 +198,7 @@ class Ring:
 
     def views(self, slot):
         """``{field: array}`` over ``slot`` (zero-copy); see ``BatchLayout.views``."""
-        if self._mmap is None:
-            raise ValueError(f"ring {self.name!r} is closed")
-        return self.layout.views(self._mmap, slot)
+        return self.layout.views(self.buffer, slot)
 
     def close(self):
         """Let go of the ring; the owner also unlinks it. Idempotent; see NOTE [ring ownership]."""

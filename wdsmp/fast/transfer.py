@@ -23,6 +23,8 @@ NOTE [pinned transfer]
 
 import collections
 
+from .._validate import positive_int
+
 __all__ = ["CudaLoader"]
 
 
@@ -37,22 +39,21 @@ def _clear_cuda_error():
         ctypes.CDLL(path).cudaGetLastError()
 
 
-def _register(ring, state):
-    """Register the ring's memory with CUDA once per loader; False when that failed (then and
-    before). Unregistered at the loader's close, after the device is idle."""
+def _register(resources):
+    """Register the ring of ``resources`` (a ``LoaderResources``) with CUDA once per loader;
+    False when that failed (then and before). Unregistered at the loader's close, after the
+    device is idle."""
     import numpy as np
     import torch
 
-    if state.pin_failed:
-        return False
-    if any(getattr(cleanup, "ring", None) == ring.name for cleanup in state.pinned):
-        return True
-    memory = np.frombuffer(ring._mmap, np.uint8)
+    if resources.pinned is not None:
+        return resources.pinned
+    memory = np.frombuffer(resources.ring.buffer, np.uint8)
     pointer, size = memory.ctypes.data, memory.nbytes
     cudart = torch.cuda.cudart()
     if int(cudart.cudaHostRegister(pointer, size, 0)) != 0:
         _clear_cuda_error()
-        state.pin_failed = True
+        resources.pinned = False
         return False
     memory_ref = [memory]  # keeps the mapping alive while it is registered
 
@@ -61,8 +62,8 @@ def _register(ring, state):
         cudart.cudaHostUnregister(pointer)
         del memory_ref[:]
 
-    unregister.ring = ring.name
-    state.pinned.append(unregister)
+    resources.on_close(unregister)
+    resources.pinned = True
     return True
 
 
@@ -89,8 +90,7 @@ class CudaLoader:
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
         if self.device.type != "cuda":
             raise ValueError(f"device must be a CUDA device, not {device!r}")
-        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"depth must be a positive int, not {depth!r}")
+        positive_int(depth, "depth")
         if (mean is None) != (std is None):
             raise ValueError("give both mean and std, or neither")
         self.dtype = dtype if dtype is not None else (torch.float32 if mean is not None else None)
@@ -112,10 +112,8 @@ class CudaLoader:
     def __iter__(self):
         import torch
 
-        loader = self.loader
-        loader._check_open()
-        epoch = loader._begin()
-        pinned = _register(loader._ring, loader._state)
+        epoch = iter(self.loader)
+        pinned = _register(epoch.resources)
         side = torch.cuda.Stream(self.device)
         staging = [None] * self.depth if not pinned else None
         inflight, unreleased = collections.deque(), collections.deque()
@@ -141,7 +139,7 @@ class CudaLoader:
                 current.wait_event(event)
                 for tensor in _tensors(batch):
                     tensor.record_stream(current)
-                epoch.progress.hand(message)
+                epoch.hand(message)
                 yield self._finish(batch)
         finally:
             for message, event in unreleased:
@@ -153,7 +151,7 @@ class CudaLoader:
         slots if it has none left, or it could never deliver the batch the loader waits for."""
         while unreleased and unreleased[0][1].query():
             epoch.release(unreleased.popleft()[0])
-        worker = epoch._next_worker()
+        worker = epoch.next_worker()
         mine = [entry for entry in unreleased if entry[0].worker == worker]
         while worker is not None and len(mine) >= self.loader.prefetch:
             message, event = mine.pop(0)
@@ -165,7 +163,7 @@ class CudaLoader:
         """Start copying the slot of ``message`` to the device; ``(message, event, batch)``."""
         import torch
 
-        cpu = self.loader._tensors(message)
+        cpu = epoch.slots.batch(message)
         with torch.cuda.stream(side):
             if staging is not None:
                 previous = staging[index]

@@ -1,0 +1,58 @@
+"""What the loader hands out: a ring slot seen as a ``Batch`` of tensors (NOTE [batch lifetime]
+in ``loader.py``)."""
+
+from .worker import IMAGES, KEYS, LABELS
+
+__all__ = ["Batch", "SlotTensors"]
+
+
+class Batch(tuple):
+    """``(images, labels)``, so ``for images, labels in loader`` works, plus ``keys`` (a list
+    of str when ``keys=True``, else None), ``fields`` (``{name: tensor}`` of declared
+    fields), ``count`` (rows) and ``epoch``."""
+
+    def __new__(cls, images, labels, keys=None, fields=None, epoch=None):
+        batch = super().__new__(cls, (images, labels))
+        batch.keys, batch.fields, batch.epoch = keys, dict(fields or {}), epoch
+        return batch
+
+    def __getnewargs__(self):  # copy and pickle; the attributes follow in __dict__
+        return tuple(self)
+
+    @property
+    def images(self):
+        return self[0]
+
+    @property
+    def labels(self):
+        return self[1]
+
+    @property
+    def count(self):
+        return len(self[0])
+
+
+class SlotTensors:
+    """The slots of ``ring`` as ``Batch``es of tensors: views of the slot (no copy), or with
+    ``copy=True`` copies, so the slot can go back to its worker at once; ``channels_first``
+    gives NCHW views of the NHWC images."""
+
+    def __init__(self, ring, *, copy=False, channels_first=False):
+        self.ring, self.copy, self.channels_first = ring, copy, channels_first
+
+    def batch(self, message):
+        """The slot of ``message`` (a ``BatchReady``), its first ``message.count`` rows."""
+        import torch
+
+        arrays = self.ring.views(message.slot)
+        count = message.count
+        tensors = {name: torch.from_numpy(array[:count] if count < len(array) else array)
+                   for name, array in arrays.items() if name != KEYS}
+        if self.copy:
+            tensors = {name: tensor.clone() for name, tensor in tensors.items()}
+        images = tensors.pop(IMAGES)
+        if self.channels_first:
+            images = images.permute(0, 3, 1, 2)
+        labels = tensors.pop(LABELS, None)
+        keys = [k.decode() for k in arrays[KEYS][:count]] if KEYS in arrays else None
+        return Batch(images, labels, keys, tensors, message.epoch)

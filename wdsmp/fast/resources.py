@@ -1,0 +1,89 @@
+"""What a FastLoader holds and ``close()`` releases: the ring, the current generation of workers
+and their queues, and clean-ups such as pinned-memory registrations (NOTE [shutdown order] and
+NOTE [loader protocol] in ``loader.py``). Kept apart from the loader object, so that the
+loader's finalizer holds no reference cycle."""
+
+from . import pool as _pool
+from .messages import Stop
+from .worker import worker_main
+
+__all__ = ["LoaderResources", "Workers"]
+
+
+class Workers:
+    """One generation of worker processes and their queues (NOTE [loader protocol])."""
+
+    def __init__(self, config, num_workers, prefetch, start_method):
+        ctx = _pool.context(start_method)
+        with _pool.named_semaphores():  # NOTE [semaphore names] in pool.py
+            self.stop_event = ctx.Event()
+            self.ready = ctx.Queue()
+            self.tasks = [ctx.Queue() for _ in range(num_workers)]
+            self.free = [ctx.Queue() for _ in range(num_workers)]
+        for w, queue in enumerate(self.free):
+            for slot in range(w * prefetch, (w + 1) * prefetch):
+                queue.put(slot)
+        self.broken = False
+        self.pool = _pool.WorkerPool(worker_main, [(w, config, self.tasks[w], self.free[w], self.ready,
+                                                    self.stop_event) for w in range(num_workers)], ctx,
+                                     main=_pool.refers_to_main(config))
+
+    def shutdown(self, timeout=5.0):
+        """NOTE [shutdown order], the workers' part. Idempotent; done even when interrupted."""
+        if self.broken:
+            return
+        self.broken = True
+        try:
+            self.stop_event.set()
+            for queue in self.tasks:
+                queue.put(Stop())
+            self.pool.stop(timeout)
+        finally:
+            self.pool.stop(0.0)  # after an interrupted join: terminate and kill at once
+            for queue in [self.ready, *self.tasks, *self.free]:
+                queue.cancel_join_thread()
+                queue.close()
+
+
+class LoaderResources:
+    """The ring (``ring``), the current ``Workers`` (``workers``, None before the first epoch),
+    and callables run at ``close()`` before the ring goes (``on_close``). ``pinned``: whether
+    the ring is registered with CUDA as pinned memory (None: not tried yet; ``transfer.py``)."""
+
+    def __init__(self, ring):
+        self.ring = ring
+        self.workers = None
+        self.pinned = None
+        self.cleanups = []
+        self.closed = False
+
+    def check_open(self):
+        if self.closed:
+            raise ValueError("this FastLoader is closed")
+
+    def start_workers(self, config, num_workers, prefetch, start_method):
+        """A new generation of workers, after the current one (if any) is shut down."""
+        if self.workers is not None:
+            self.workers.shutdown()
+        self.workers = Workers(config, num_workers, prefetch, start_method)
+        return self.workers
+
+    def on_close(self, cleanup):
+        """Call ``cleanup()`` at ``close()``, after the workers stopped and before the ring goes."""
+        self.cleanups.append(cleanup)
+
+    def close(self):
+        """NOTE [shutdown order]."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if self.workers is not None:
+                self.workers.shutdown()
+                self.workers = None
+        finally:
+            try:
+                while self.cleanups:
+                    self.cleanups.pop()()
+            finally:
+                self.ring.close()
