@@ -44,6 +44,7 @@ import numpy as np
 
 from .. import native
 from ..errors import DecodeError
+from .options import DecodeOptions, positive_range, unit_fraction
 
 __all__ = [
     "MAX_PIXELS",
@@ -51,6 +52,7 @@ __all__ = [
     "ImageInfo",
     "center_crop_box",
     "decode_into",
+    "decode_with_options",
     "dct_scale",
     "random_resized_crop_box",
 ]
@@ -79,16 +81,6 @@ class ImageInfo(NamedTuple):
     kind: str  # "jpeg", "ppm", "npy", "pil" or "array"
 
 
-def _check_range(name, pair):
-    if not 0 < pair[0] <= pair[1]:
-        raise ValueError(f"{name} {pair} is not (low, high) with 0 < low <= high")
-
-
-def _check_resize_ratio(resize_ratio):
-    if not 0 < resize_ratio <= 1:
-        raise ValueError(f"resize_ratio {resize_ratio} is not in (0, 1]")
-
-
 def _uniform(rng, low, high):
     return low + (high - low) * rng.random()
 
@@ -109,8 +101,11 @@ def random_resized_crop_box(height, width, rng, scale=(0.08, 1.0), ratio=(3 / 4,
     """
     if height < 1 or width < 1:
         raise ValueError(f"image size {height}x{width} is empty")
-    _check_range("scale", scale)
-    _check_range("ratio", ratio)
+    return _random_box(height, width, rng, positive_range(scale, "scale"), positive_range(ratio, "ratio"))
+
+
+def _random_box(height, width, rng, scale, ratio):
+    """:func:`random_resized_crop_box` on arguments known to be valid."""
     area = height * width
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
     for _ in range(10):
@@ -147,7 +142,11 @@ def center_crop_box(height, width, size, resize_ratio=0.875):
         raise ValueError(f"image size {height}x{width} is empty")
     if out_h < 1 or out_w < 1:
         raise ValueError(f"crop size {size} is empty")
-    _check_resize_ratio(resize_ratio)
+    return _center_box(height, width, out_h, out_w, unit_fraction(resize_ratio, "resize_ratio", zero=False))
+
+
+def _center_box(height, width, out_h, out_w, resize_ratio):
+    """:func:`center_crop_box` on arguments known to be valid."""
     short = math.floor(max(out_h, out_w) / resize_ratio)
     if width <= height:
         new_w, new_h = short, int(short * height / width)
@@ -326,28 +325,30 @@ def decode_into(data, out, train, rng, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3
     resized. Failures raise :class:`wdsmp.DecodeError` naming ``url`` and
     ``member``, the cause chained.
     """
+    options = DecodeOptions(train, scale, ratio, flip, resize_ratio, dct_scaling, region)
+    if options.train and rng is None:
+        raise ValueError("train=True needs an rng to draw crops from")
+    return decode_with_options(data, out, options, rng, url=url, member=member)
+
+
+def decode_with_options(data, out, options, rng, *, url=None, member=None):
+    """:func:`decode_into` with its crop arguments in ``options`` (a ``DecodeOptions``, checked
+    when it was made): the per-image path of the loader's workers, which checks them no more."""
     if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
             and out.flags.c_contiguous and out.flags.writeable):
         raise ValueError(f"out must be a writable C-contiguous HxWx3 uint8 array, not "
                          f"{getattr(out, 'dtype', type(out))} {getattr(out, 'shape', '')}")
-    if train and rng is None:
-        raise ValueError("train=True needs an rng to draw crops from")
-    if not 0 <= flip <= 1:
-        raise ValueError(f"flip probability {flip} is not in [0, 1]")
-    _check_range("scale", scale)
-    _check_range("ratio", ratio)
-    _check_resize_ratio(resize_ratio)
-    out_size = out.shape[:2]
+    train, out_size = options.train, out.shape[:2]
 
     def box_of(height, width):
         if train:
-            return random_resized_crop_box(height, width, rng, scale, ratio)
-        return center_crop_box(height, width, out_size, resize_ratio)
+            return _random_box(height, width, rng, options.scale, options.ratio)
+        return _center_box(height, width, *out_size, options.resize_ratio)
 
     try:
         encoded = isinstance(data, (bytes, bytearray, memoryview))
         is_jpeg = encoded and bytes(data[:3]) == _JPEG_MAGIC
-        decoded = _jpeg_pixels(data, box_of, out_size, dct_scaling, region) if is_jpeg else None
+        decoded = _jpeg_pixels(data, box_of, out_size, options.dct_scaling, options.region) if is_jpeg else None
         if decoded is None:
             pixels, kind = _raw_pixels(data) if encoded else (_array_pixels(data), "array")
             height, width = pixels.shape[:2]
@@ -358,7 +359,7 @@ def decode_into(data, out, train, rng, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3
         raise DecodeError(str(exn), url, member) from exn.__cause__
     except (ValueError, OSError, SyntaxError) as exn:  # how libjpeg-turbo, numpy and Pillow report damage
         raise DecodeError(f"cannot decode the image ({type(exn).__name__}: {exn})", url, member) from exn
-    flipped = bool(train and flip and rng.random() < flip)
+    flipped = bool(train and options.flip and rng.random() < options.flip)
     _resize(pixels, scaled, out, flipped)
     return ImageInfo(height, width, tuple(box), flipped, pixels.shape[:2], kind)
 

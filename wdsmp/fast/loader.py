@@ -1,10 +1,11 @@
 """FastLoader: decoded, cropped, batched images from WebDataset shards, made by worker processes
 straight into shared memory.
 
-The front end of the fast path (DESIGN.md §3): it checks its arguments,
-plans each epoch (``plan.py``), creates the ring (``ring.py``), runs the
-workers (``worker.py`` in a ``pool.py``), and hands out each slot as tensors
-without copying.
+The front end of the fast path (DESIGN.md §3): it checks its arguments
+(``options.py``), plans each epoch (``plan.py``), creates the ring
+(``ring.py``), runs the workers (``worker.py`` in a ``pool.py``, held with the
+ring in ``resources.py``), and hands out each slot as tensors without copying
+(``delivery.py``, ``batches.py``; on a GPU ``transfer.py``).
 
 NOTE [loader protocol]
     * Queues: each worker has a task queue (a ``WorkerPlan`` per epoch, or
@@ -54,62 +55,23 @@ NOTE [shutdown order]
 """
 
 import multiprocessing
-import os
 import weakref
 
 from .. import handlers as _handlers
+from .._validate import is_int
 from ..shardindex import shard_counts
-from ..utils import pytorch_worker_info
 from . import pool as _pool
 from .batches import Batch, SlotTensors
 from .delivery import EpochIterator
 from .layout import BatchLayout, FieldSpec
-from .plan import POLICIES, PlanPosition, plan_epoch, streams_of_workers
+from .options import IMAGE_KEYS, DecodeOptions, LoaderOptions
+from .plan import PlanPosition, plan_epoch, streams_of_workers
 from .resources import LoaderResources
 from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
 from .stats import LoaderStats
-from .worker import IMAGES, KEYS, LABELS, DecodeOptions, WorkerConfig
+from .worker import IMAGES, KEYS, LABELS, WorkerConfig
 
 __all__ = ["IMAGE_KEYS", "Batch", "FastLoader"]
-
-IMAGE_KEYS = ("jpg", "jpeg", "png", "ppm", "pgm", "npy", "webp", "bmp", "tif", "tiff")
-
-
-def _positive(value, name):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive int, not {value!r}")
-    return value
-
-
-def _pair(value, name):
-    try:
-        low, high = (float(v) for v in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a pair of numbers, not {value!r}") from None
-    if not 0 < low <= high:
-        raise ValueError(f"{name} {value!r} is not (low, high) with 0 < low <= high")
-    return low, high
-
-
-def _image_size(value):
-    size = (value, value) if isinstance(value, int) else tuple(value)
-    if len(size) != 2 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in size):
-        raise ValueError(f"image_size must be a positive int or (height, width), not {value!r}")
-    return size
-
-
-def _extensions(value, name):
-    keys = tuple(value.split(";")) if isinstance(value, str) else tuple(value)
-    if not keys or not all(isinstance(k, str) and k for k in keys):
-        raise ValueError(f"{name} must name extensions, as 'jpg;png' or a list, not {value!r}")
-    return keys
-
-
-def _default_workers():
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return max(1, os.cpu_count() or 1)
 
 
 class FastLoader:
@@ -184,56 +146,31 @@ class FastLoader:
                                "script: a function given to the loader is defined in that script, so workers "
                                "import it; put the script's code under if __name__ == '__main__':, or define "
                                "the function in a module of its own")
-        self.batch_size = _positive(batch_size, "batch_size")
-        self.num_workers = _default_workers() if num_workers is None else _positive(num_workers, "num_workers")
-        self.prefetch = _positive(prefetch, "prefetch")
-        self.image_size = _image_size(image_size)
-        self.train = bool(train)
-        self.seed = seed
-        self.shuffle = self.train if shuffle is None else bool(shuffle)
-        buffer = (256 if self.shuffle else 0) if shuffle_buffer is None else shuffle_buffer
-        if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 0:
-            raise ValueError(f"shuffle_buffer must be an int >= 0, not {shuffle_buffer!r}")
-        if policy not in POLICIES:
-            raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
-        if not 0 <= flip <= 1:
-            raise ValueError(f"flip must be a probability in [0, 1], not {flip!r}")
-        if not 0 < resize_ratio <= 1:
-            raise ValueError(f"resize_ratio must be in (0, 1], not {resize_ratio!r}")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be None or a positive number of seconds, not {timeout!r}")
-        if not callable(handler):
-            raise ValueError(f"handler must be callable, not {handler!r}")
-        stages = tuple(stages)
-        for stage in stages:
-            if not callable(stage):
-                raise ValueError(f"stages must be callables (iterator -> iterator), not {stage!r}")
-        if not (label is None or callable(label) or (isinstance(label, str) and label)):
-            raise ValueError(f"label must be an extension name, a function or None, not {label!r}")
-        node = pytorch_worker_info()
-        self.rank = node[0] if rank is None else rank
-        self.world_size = node[1] if world_size is None else world_size
-        self.policy, self.resampled, self.epoch_batches = policy, bool(resampled), epoch_batches
-        self.copy, self.channels_first, self.timeout = bool(copy), bool(channels_first), timeout
-        if isinstance(progress, bool) or progress is None:
-            progress = 10.0 if progress else None
-        elif not progress > 0:
-            raise ValueError(f"progress must be a bool or seconds between reports, not {progress!r}")
-        self.progress = progress
+        options = LoaderOptions(
+            batch_size, DecodeOptions(train, scale, ratio, flip, resize_ratio, dct_scaling), num_workers=num_workers,
+            image_size=image_size, seed=seed, label=label, image_keys=image_keys, keys=keys, key_length=key_length,
+            fields=fields, stages=stages, handler=handler, shuffle=shuffle, shuffle_buffer=shuffle_buffer, rank=rank,
+            world_size=world_size, policy=policy, resampled=resampled, epoch_batches=epoch_batches,
+            channels_first=channels_first, copy=copy, prefetch=prefetch, timeout=timeout, start_method=start_method,
+            progress=progress, cache_dir=cache_dir)
+        self._options = options
+        self.batch_size, self.num_workers, self.prefetch = options.batch_size, options.num_workers, options.prefetch
+        self.image_size, self.train, self.seed = options.image_size, options.train, options.seed
+        self.shuffle, self.rank, self.world_size = options.shuffle, options.rank, options.world_size
+        self.policy, self.resampled, self.epoch_batches = options.policy, options.resampled, options.epoch_batches
+        self.copy, self.channels_first, self.timeout = options.copy, options.channels_first, options.timeout
+        self.progress = options.progress  # seconds between reports on stderr, or None
         self.shards = shard_counts(urls, index)
-        layout, extra = self._layout(label, keys, key_length, fields)
-        decode = DecodeOptions(self.train, _pair(scale, "scale"), _pair(ratio, "ratio"), float(flip),
-                               float(resize_ratio), bool(dct_scaling))
-        image_keys = _extensions(image_keys, "image_keys")
-        self._start_method = start_method
+        layout, extra = _layout(options)
         mp_context = _pool.context(start_method)  # a bad start method fails here, not at the first batch
         self.plan(0)  # bad plan arguments (rank, policy, too few samples) fail here too
         cleanup_stale(DEFAULT_PREFIX)
         _pool.sweep_semaphores()
         self._ring = Ring.create(layout, self.num_workers * self.prefetch)  # last: nothing after it fails
         self._config = WorkerConfig(
-            ring=self._ring.name, layout=layout, image_keys=image_keys, label=label, fields=extra, keys=bool(keys),
-            stages=stages, handler=handler, decode=decode, shuffle_buffer=buffer, cache_dir=cache_dir)
+            ring=self._ring.name, layout=layout, image_keys=options.image_keys, label=options.label, fields=extra,
+            keys=options.keys, stages=options.stages, handler=options.handler, decode=options.decode,
+            shuffle_buffer=options.shuffle_buffer, cache_dir=options.cache_dir)
         _pool.start_server(mp_context)
         self._resources = LoaderResources(self._ring)
         self._finalizer = weakref.finalize(self, self._resources.close)
@@ -242,28 +179,6 @@ class FastLoader:
         self.epoch = 0
         self._resume = None
         self._delivery = None  # the current epoch's DeliveryState (never its iterator: see there)
-
-    def _layout(self, label, keys, key_length, fields):
-        height, width = self.image_size
-        specs = [FieldSpec(IMAGES, (height, width, 3), "uint8")]
-        if label is not None:
-            specs.append(FieldSpec(LABELS, (), "int64"))
-        if keys:
-            specs.append(FieldSpec(KEYS, (), f"S{_positive(key_length, 'key_length')}"))
-        extra = []
-        for name, declaration in (fields or {}).items():
-            if name in (IMAGES, LABELS, KEYS):
-                raise ValueError(f"field name {name!r} is taken by the loader; choose another")
-            try:
-                source, shape, dtype = declaration
-            except (TypeError, ValueError):
-                raise ValueError(f"field {name!r} must be declared as (source, shape, dtype), "
-                                 f"not {declaration!r}") from None
-            if not (callable(source) or (isinstance(source, str) and source)):
-                raise ValueError(f"field {name!r}: source must be an extension or a function, not {source!r}")
-            specs.append(FieldSpec(name, shape, dtype))
-            extra.append((name, source))
-        return BatchLayout(self.batch_size, tuple(specs)), tuple(extra)
 
     # -- epochs -------------------------------------------------------------------------
 
@@ -282,7 +197,7 @@ class FastLoader:
 
     def set_epoch(self, epoch):
         """Make the next ``iter()`` run epoch ``epoch`` (as DistributedSampler.set_epoch)."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        if not is_int(epoch, 0):
             raise ValueError(f"epoch must be an int >= 0, not {epoch!r}")
         self.epoch = epoch
         if self._resume is not None and self._resume.epoch != epoch:
@@ -307,7 +222,8 @@ class FastLoader:
         self.epoch = plan.epoch + 1
         workers = self._resources.workers
         if workers is None or workers.broken:
-            workers = self._resources.start_workers(self._config, self.num_workers, self.prefetch, self._start_method)
+            workers = self._resources.start_workers(self._config, self.num_workers, self.prefetch,
+                                                    self._options.start_method)
         streams = streams_of_workers(plan.num_workers, self.num_workers)
         for w, mine in enumerate(streams):
             workers.tasks[w].put(tuple(plan.workers[s] for s in mine))
@@ -387,3 +303,27 @@ class FastLoader:
         return (f"FastLoader({len(self.shards)} shards, batch_size={self.batch_size}, "
                 f"image_size={self.image_size}, train={self.train}, {state})")
 
+
+def _layout(options):
+    """The slot layout for ``options`` (a ``LoaderOptions``), and the ``(name, source)`` pairs
+    of the declared fields; ValueError for a bad declaration."""
+    height, width = options.image_size
+    specs = [FieldSpec(IMAGES, (height, width, 3), "uint8")]
+    if options.label is not None:
+        specs.append(FieldSpec(LABELS, (), "int64"))
+    if options.keys:
+        specs.append(FieldSpec(KEYS, (), f"S{options.key_length}"))
+    extra = []
+    for name, declaration in (options.fields or {}).items():
+        if name in (IMAGES, LABELS, KEYS):
+            raise ValueError(f"field name {name!r} is taken by the loader; choose another")
+        try:
+            source, shape, dtype = declaration
+        except (TypeError, ValueError):
+            raise ValueError(f"field {name!r} must be declared as (source, shape, dtype), "
+                             f"not {declaration!r}") from None
+        if not (callable(source) or (isinstance(source, str) and source)):
+            raise ValueError(f"field {name!r}: source must be an extension or a function, not {source!r}")
+        specs.append(FieldSpec(name, shape, dtype))
+        extra.append((name, source))
+    return BatchLayout(options.batch_size, tuple(specs)), tuple(extra)

@@ -34,26 +34,15 @@ import numpy as np
 from ..errors import SampleError, WdsmpError
 from ..exact import buffer_shuffled, read_ranges
 from ..utils import make_seed
-from .imagedecode import decode_into
+from .imagedecode import decode_with_options
 from .messages import BatchReady, Stop, WorkerDone, WorkerFailed, WorkerWarning
+from .options import DecodeOptions
 from .ring import Ring
 
 __all__ = ["DecodeOptions", "WorkerConfig", "worker_main"]
 
 IMAGES, LABELS, KEYS = "images", "labels", "__key__"
 _POLL = 0.2  # seconds between checks of the stop event while waiting
-
-
-@dataclass(frozen=True)
-class DecodeOptions:
-    """How images are cropped: arguments of ``imagedecode.decode_into``."""
-
-    train: bool = True
-    scale: Tuple[float, float] = (0.08, 1.0)
-    ratio: Tuple[float, float] = (3 / 4, 4 / 3)
-    flip: float = 0.5
-    resize_ratio: float = 0.875
-    dct_scaling: bool = True
 
 
 @dataclass(frozen=True)
@@ -303,10 +292,8 @@ class _Epoch:
         if ext is None:
             raise SampleError(f"no image field (one of {', '.join(config.image_keys)}) in the sample; "
                               f"it has {_fields(sample)}", url, key)
-        decode = config.decode
-        decode_into(sample[ext], arrays[IMAGES][row], decode.train, self.augment, scale=decode.scale,
-                    ratio=decode.ratio, flip=decode.flip, resize_ratio=decode.resize_ratio,
-                    dct_scaling=decode.dct_scaling, url=url, member=f"{key}.{ext}")
+        decode_with_options(sample[ext], arrays[IMAGES][row], config.decode, self.augment, url=url,
+                            member=f"{key}.{ext}")
         if config.label is not None:
             arrays[LABELS][row] = _label(sample, config.label, url, key)
         for name, source in config.fields:
