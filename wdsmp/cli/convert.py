@@ -52,7 +52,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
 from ..errors import WdsmpError
-from ..fast.loader import _default_workers
+from ..fast.options import default_workers
 from ..gopen import local_path
 from ..tariterators import tarfile_samples
 from ..writer import TarWriter
@@ -302,7 +302,7 @@ def run(args):
         if client is not None:
             finished = _dask(tasks, client)
         else:
-            finished = _local_pool(tasks, min(args.workers or _default_workers(), len(tasks)))
+            finished = _local_pool(tasks, min(args.workers or default_workers(), len(tasks)))
         with contextlib.closing(finished), Progress("convert", total=len(tasks), unit="shards",
                                                     quiet=args.quiet) as progress:
             for (url, _, _), future in finished:

@@ -18,7 +18,7 @@ from .. import handlers
 from .._validate import is_int, positive_int
 from ..utils import pytorch_worker_info
 
-__all__ = ["IMAGE_KEYS", "DecodeOptions", "LoaderOptions", "positive_range", "unit_fraction"]
+__all__ = ["IMAGE_KEYS", "DecodeOptions", "LoaderOptions", "default_workers", "positive_range", "unit_fraction"]
 
 IMAGE_KEYS = ("jpg", "jpeg", "png", "ppm", "pgm", "npy", "webp", "bmp", "tif", "tiff")
 
@@ -89,7 +89,8 @@ def _extensions(value, name):
     return keys
 
 
-def _default_workers():
+def default_workers():
+    """The CPUs this process may run on (its affinity mask), at least 1: the default worker count."""
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:
@@ -137,7 +138,7 @@ class LoaderOptions:
         positive_int(self.batch_size, "batch_size")
         if not isinstance(self.decode, DecodeOptions):
             raise TypeError(f"decode must be a DecodeOptions, not {type(self.decode).__name__}")
-        _set(self, "num_workers", _default_workers() if self.num_workers is None
+        _set(self, "num_workers", default_workers() if self.num_workers is None
              else positive_int(self.num_workers, "num_workers"))
         positive_int(self.prefetch, "prefetch")
         _set(self, "image_size", _image_size(self.image_size))
