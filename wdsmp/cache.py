@@ -100,8 +100,7 @@ _DEFAULT = _Default()
 
 # Module-level defaults. webdataset computes them from WDS_CACHE, WDS_CACHE_SIZE and
 # WDS_VERBOSE_CACHE at import; wdsmp reads the environment in _env.py only, per call,
-# so they are functions, and the module attributes are computed when asked. (Those
-# variables are not read yet: these return webdataset's values for them unset.)
+# so they are functions, and the module attributes are computed when asked.
 
 
 def _default_cache_dir():
