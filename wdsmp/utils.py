@@ -278,7 +278,7 @@ def obsolete(func=None, *, reason=None):
 
     @functools.wraps(func)
     def wrapper(*args, **kw):
-        if not _env._flag("ALLOW_OBSOLETE"):  # read in _env, like every variable
+        if not _env.allow_obsolete():
             message = f"Call to obsolete function {func.__name__}. Set env ALLOW_OBSOLETE=1 to permit."
             if reason is not None:
                 message += f" Reason: {reason}"
