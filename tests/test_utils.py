@@ -1,31 +1,9 @@
-"""Tests of the webdataset helpers in wdsmp.utils: braces, symbols, safe_eval, deprecation, security."""
+"""Tests of the webdataset helpers in wdsmp.utils: symbols, safe_eval, deprecation, security."""
 
 import numpy as np
 import pytest
 
 import wdsmp.utils as utils
-
-
-def test_glob_with_braces(tmp_path):
-    for name in ["b.tar", "a.tar", "c.tgz", "d.txt"]:
-        (tmp_path / name).write_bytes(b"")
-    found = utils.glob_with_braces(str(tmp_path / "*.{tar,tgz}"))
-    assert found == [str(tmp_path / n) for n in ["a.tar", "b.tar", "c.tgz"]]  # sorted per alternative
-    assert utils.glob_with_braces(str(tmp_path / "*.zip")) == []
-    with pytest.raises(ValueError, match="unbalanced braces"):
-        utils.glob_with_braces(str(tmp_path / "*.{tar"))
-
-
-@pytest.mark.parametrize("name, pattern, expected", [
-    ("x.tar", "*.{tar,tgz}", True),
-    ("x.tgz", "*.{tar,tgz}", True),
-    ("x.zip", "*.{tar,tgz}", False),
-    ("shard-07.tar", "shard-{00..09}.tar", True),
-    ("shard-10.tar", "shard-{00..09}.tar", False),
-    ("plain.tar", "*.tar", True),
-])
-def test_fnmatch_with_braces(name, pattern, expected):
-    assert utils.fnmatch_with_braces(name, pattern) is expected
 
 
 def test_lookup_sym():

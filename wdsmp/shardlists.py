@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import List
 
-import braceexpand
 from torch.utils.data import IterableDataset
 
 from . import _env, utils
+from ._braces import expand_braces, glob_with_braces
 from ._stages import pipelinefilter
 from .gopen import local_path
 
@@ -73,13 +73,6 @@ def envsubst(spec):
     return spec
 
 
-def _braces(spec):
-    try:
-        return list(braceexpand.braceexpand(spec))
-    except braceexpand.UnbalancedBracesError as exn:
-        raise ValueError(f"unbalanced braces in shard spec {spec!r}") from exn
-
-
 def _globbed(url):
     """A local glob pattern becomes the sorted files it matches; anything else stays."""
     if "{" in url or local_path(url) != url or not glob.has_magic(url) or os.path.exists(url):
@@ -106,7 +99,7 @@ def expand_urls(urls):
     for spec in specs:
         if not isinstance(spec, str):
             raise TypeError(f"shard URLs must be strings, not {type(spec).__name__}: {spec!r}")
-        for url in _braces(spec):
+        for url in expand_braces(spec, "shard spec"):
             result.extend(_globbed(url))
     return result
 
@@ -341,11 +334,10 @@ def _parse_dataset(ds, index, spec, prefix, origin):
     name = ds.get("name", "@" + bucket)
     if not isinstance(name, str):
         raise ValueError(f"{where}: 'name' must be a string, not {name!r}")
+    patterns = [expand(shards) for shards in _strings(ds["shards"], where, "shards")]
     try:
-        urls = [prefix + os.path.join(bucket, url)
-                for shards in _strings(ds["shards"], where, "shards")
-                for url in braceexpand.braceexpand(expand(shards))]
-    except braceexpand.UnbalancedBracesError as exn:
+        urls = [prefix + os.path.join(bucket, url) for pattern in patterns for url in expand_braces(pattern)]
+    except ValueError as exn:  # unbalanced braces
         raise ValueError(f"{where}: 'shards' has unbalanced braces") from exn
     if not urls:
         raise ValueError(f"{where}: 'shards' names no shards")
@@ -566,7 +558,7 @@ class DirectoryShardList(IterableDataset):
                 pass
 
     def _candidates(self):
-        names = utils.glob_with_braces(os.path.join(glob.escape(self.path), self.pattern))
+        names = glob_with_braces(os.path.join(glob.escape(self.path), self.pattern))
         return sorted({n for n in names if get_pid_from_filename(n) is None and not n.endswith(_DONE)})
 
     def _claim(self):

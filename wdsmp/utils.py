@@ -11,9 +11,7 @@ environment, so a silently ignored assignment would leave a program that
 asked for security without it.
 """
 
-import fnmatch
 import functools
-import glob
 import hashlib
 import importlib
 import itertools
@@ -23,9 +21,8 @@ import sys
 import types
 import warnings
 
-import braceexpand
-
 from . import _env
+from ._braces import fnmatch_with_braces, glob_with_braces
 from .errors import WdsmpError
 
 __all__ = [
@@ -182,30 +179,6 @@ def repeatedly(source, nepochs=None, nbatches=None, nsamples=None, batchsize=gue
         if count == 0:
             return
         epoch += 1
-
-
-# -- patterns with braces
-
-
-def _expand_braces(pattern):
-    try:
-        return list(braceexpand.braceexpand(pattern))
-    except braceexpand.UnbalancedBracesError as exn:
-        raise ValueError(f"unbalanced braces in pattern {pattern!r}") from exn
-
-
-def glob_with_braces(pattern):
-    """Files matching a glob pattern that may hold braces (``"d/*.{tar,tgz}"``), which glob lacks.
-
-    Each alternative's matches are sorted (webdataset leaves them in directory
-    order), so the result is the same on every machine.
-    """
-    return [name for alternative in _expand_braces(pattern) for name in sorted(glob.glob(alternative))]
-
-
-def fnmatch_with_braces(filename, pattern):
-    """Whether ``filename`` matches a shell pattern that may hold braces."""
-    return any(fnmatch.fnmatch(filename, alternative) for alternative in _expand_braces(pattern))
 
 
 # -- names to objects
