@@ -5,7 +5,7 @@ webdataset splits whole shards between nodes and workers, so ranks end an
 epoch with different numbers of batches (DDP then waits forever on the rank
 that ran out) and a stopped run cannot say where it was. ``ExactSamples`` is
 a pipeline source that reads this rank's and worker's part of the plan of
-``fast/plan.py`` instead: every sample once per epoch, the same number of
+``epochplan.py`` instead: every sample once per epoch, the same number of
 full batches on every rank. A pipeline on it counts the batches it hands
 out, so ``state_dict()`` says where the epoch stands and
 ``load_state_dict()`` goes on from there.
@@ -52,6 +52,7 @@ from itertools import islice
 
 from torch.utils.data import DataLoader, IterableDataset
 
+from .epochplan import POLICIES, plan_epoch
 from .handlers import reraise_exception
 from .shardindex import shard_counts
 from .tariterators import tarfile_samples
@@ -161,8 +162,6 @@ class ExactSamples(IterableDataset):
 
     def __init__(self, urls, batch_size, *, index=None, seed=0, policy="drop", shuffle=True,
                  shuffle_buffer=0, handler=reraise_exception, rank=None, world_size=None, cache_dir=None):
-        from .fast.plan import POLICIES
-
         super().__init__()
         self.shards = tuple(shard_counts(urls, index))
         unknown = [url for url, count in self.shards if count is None]
@@ -198,9 +197,7 @@ class ExactSamples(IterableDataset):
 
     def plan(self, streams, epoch=None):
         """This rank's plan of ``epoch`` (default: the current one) for ``streams`` streams
-        (``fast.plan.EpochPlan``)."""
-        from .fast.plan import plan_epoch
-
+        (``epochplan.EpochPlan``)."""
         rank, world_size = self.node()
         return plan_epoch(self.shards, self.epoch if epoch is None else epoch, batch_size=self.batch_size, seed=self.seed, rank=rank,
                           world_size=world_size, num_workers=streams, policy=self.policy, shuffle=self.shuffle)

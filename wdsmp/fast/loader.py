@@ -2,7 +2,7 @@
 straight into shared memory.
 
 The front end of the fast path (DESIGN.md §3): it checks its arguments,
-plans each epoch (``plan.py``), creates the ring (``ring.py``), runs the
+plans each epoch (``epochplan.py``), creates the ring (``ring.py``), runs the
 workers (``worker.py`` in a ``pool.py``), and hands out each slot as tensors
 without copying.
 
@@ -60,13 +60,13 @@ import time
 import weakref
 
 from .. import handlers as _handlers
+from ..epochplan import POLICIES, PlanPosition, plan_epoch, streams_of_workers
 from ..shardindex import shard_counts
 from ..utils import pytorch_worker_info
 from . import pool as _pool
 from .layout import BatchLayout, FieldSpec
 from .delivery import EpochIterator
 from .messages import Stop
-from .plan import POLICIES, PlanPosition, plan_epoch, streams_of_workers
 from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
 from .worker import IMAGES, KEYS, LABELS, DecodeOptions, WorkerConfig, worker_main
 
@@ -296,7 +296,7 @@ class FastLoader:
 
     def plan(self, position=None):
         """This rank's ``EpochPlan`` of epoch ``position`` (default: the next one; or a
-        ``PlanPosition``): what each stream reads (see ``plan.py``). A position counts the
+        ``PlanPosition``): what each stream reads (see ``epochplan.py``). A position counts the
         streams the epoch started with; a new epoch has one per worker."""
         if position is None:
             position = self.epoch
@@ -353,7 +353,7 @@ class FastLoader:
         settings to go on with exactly the batches not yet seen, also when stages or the
         handler drop samples (each worker's position in its sample stream is part of the
         state), and also with another ``num_workers`` (the epoch's streams are then shared
-        out whole, ``plan.streams_of_workers``), in the order the batches would have come."""
+        out whole, ``epochplan.streams_of_workers``), in the order the batches would have come."""
         progress = self._progress
         if self._resume is not None:
             epoch, delivered, consumed = self._resume.epoch, self._resume.worker_batches, self._resume.worker_consumed

@@ -198,7 +198,7 @@ class _Epoch:
         """Samples of the plan, through the user's stages, the shuffle buffer and the resume skip."""
         plan, config = self.plan, self.config
         # A buffer reorders, and a position may count what stages and the handler dropped: then
-        # resume by replaying the region and dropping what was consumed (plan.py's NOTE).
+        # resume by replaying the region and dropping what was consumed (epochplan.py's NOTE).
         replay = config.shuffle_buffer > 1 or plan.consumed is not None
         samples = self._read(plan.shards(resume=not replay))
         for stage in config.stages:

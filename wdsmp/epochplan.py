@@ -66,7 +66,7 @@ import random
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
-from ..utils import make_seed
+from .utils import make_seed
 
 __all__ = [
     "POLICIES",
