@@ -32,7 +32,7 @@ from typing import Callable, Optional, Tuple, Union
 import numpy as np
 
 from ..errors import SampleError, WdsmpError
-from ..exact import buffer_shuffled, read_ranges
+from ..ranges import buffer_shuffled, read_ranges
 from ..utils import make_seed
 from .imagedecode import decode_into
 from .messages import BatchReady, Stop, WorkerDone, WorkerFailed, WorkerWarning
