@@ -53,6 +53,7 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "BasicHandlers",
     "Continue",
+    "DecodedSamples",
     "Decoder",
     "DecodingError",
     "ImageHandler",

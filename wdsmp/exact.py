@@ -50,10 +50,13 @@ import warnings
 from dataclasses import replace
 from itertools import islice
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, get_worker_info
 
+from ._stages import Curried
 from .epochplan import POLICIES, plan_epoch
+from .filters import detshuffle, shuffle
 from .handlers import reraise_exception
+from .pipeline import CountedSource
 from .ranges import buffer_shuffled, read_ranges
 from .shardindex import shard_counts
 from .utils import make_seed, pytorch_worker_info
@@ -87,7 +90,7 @@ class _Stream:
         self.samples.close()
 
 
-class ExactSamples(IterableDataset):
+class ExactSamples(CountedSource):
     """Pipeline source for exact epochs: this rank's and worker's samples of the epoch's plan, in
     the order that makes every rank's batches the same in number and resumable; see NOTE [exact
     epochs in the reference path].
@@ -201,7 +204,7 @@ class ExactSamples(IterableDataset):
 
     def __iter__(self):
         _, _, worker, num_workers = pytorch_worker_info()
-        inside = _in_dataloader_worker()
+        inside = get_worker_info() is not None
         done, nstreams = self.start(num_workers if inside else 0)
         worker, num_workers = (worker, num_workers) if inside else (0, 1)
         plan = self.plan(nstreams)
@@ -217,92 +220,66 @@ class ExactSamples(IterableDataset):
             for stream in streams.values():
                 stream.close()
 
+    def check_stage(self, pipeline, stage):
+        """Refuse a shuffle appended to a pipeline on ``ExactSamples``, and any stage after a
+        DataLoader over one (NOTE [exact epochs ...], The contract and State)."""
+        if isinstance(pipeline.pipeline[0], DataLoader):
+            raise ValueError(f"no stage may follow the DataLoader of a WebLoader over ExactSamples ({stage!r}): "
+                             f"the batch count that state_dict() saves is taken there; put the stage in the "
+                             f"dataset's pipeline instead")
+        shuffles = (isinstance(stage, Curried) and stage.f is shuffle.f) or isinstance(stage, detshuffle)
+        if shuffles and pipeline.pipeline[0] is self:
+            raise ValueError("a .shuffle() stage after ExactSamples mixes samples across batches, so epochs "
+                             "are no longer exact nor resumable: use ExactSamples(..., shuffle_buffer=n)")
 
-def _in_dataloader_worker():
-    from torch.utils.data import get_worker_info
-
-    return get_worker_info() is not None
-
-
-def source_of(pipeline):
-    """The ``ExactSamples`` a pipeline reads from (directly, or through the DataLoader a
-    ``WebLoader`` wraps), or None."""
-    stages = getattr(pipeline, "pipeline", None)
-    if not stages:
-        return None
-    first = stages[0]
-    if isinstance(first, DataLoader):
-        first = first.dataset
-        if isinstance(first, ExactSamples):
-            return first
-        return source_of(first)
-    return first if isinstance(first, ExactSamples) else None
-
-
-def check_stage(pipeline, stage):
-    """Refuse a shuffle appended to a pipeline on ``ExactSamples``, and any stage after a
-    DataLoader over one (NOTE [exact epochs ...], The contract and State)."""
-    from . import filters
-    from ._stages import Curried
-
-    if isinstance(pipeline.pipeline[0], DataLoader) and source_of(pipeline) is not None:
-        raise ValueError(f"no stage may follow the DataLoader of a WebLoader over ExactSamples ({stage!r}): "
-                         f"the batch count that state_dict() saves is taken there; put the stage in the "
-                         f"dataset's pipeline instead")
-    shuffles = (isinstance(stage, Curried) and stage.f is filters._shuffle) or isinstance(stage, filters.detshuffle)
-    if shuffles and isinstance(pipeline.pipeline[0], ExactSamples):
-        raise ValueError("a .shuffle() stage after ExactSamples mixes samples across batches, so epochs "
-                         "are no longer exact nor resumable: use ExactSamples(..., shuffle_buffer=n)")
-
-
-def handed_out(pipeline, source, batches):
-    """The pipeline's batches for one epoch, counted into ``pipeline.position`` (the next epoch's
-    start once all are out); exactly the planned number of them (NOTE [exact epochs in the
-    reference path])."""
-    loader = pipeline.pipeline[0]
-    num_workers = loader.num_workers if isinstance(loader, DataLoader) else 0
-    if isinstance(loader, DataLoader):
-        if loader.persistent_workers:
-            raise ValueError("persistent_workers=True keeps the workers' copy of the dataset from the first "
-                             "epoch, so set_epoch() and load_state_dict() would not reach it: with "
-                             "ExactSamples leave persistent_workers off")
-        if not getattr(loader, "in_order", True):
-            raise ValueError("in_order=False hands batches out in whatever order workers make them, so "
-                             "state_dict() could not say which were handed out: leave it on with ExactSamples")
-        loader.dataset.counted_outside = True  # iterated in this process (no workers): count here only
-    done, streams = source.start(num_workers)
-    total = len(source)
-    epoch = source.epoch
-    pipeline.position = (epoch, done, streams)
-    last, iterator, complete = None, batches(), False
-    try:
-        for batch in iterator:
-            if done == total:
-                warnings.warn(f"the pipeline made more than the {total} batches planned for epoch {epoch}: "
-                              f"does it end with batched({source.batch_size})? The rest are not handed out")
-                break
-            done += 1
-            pipeline.position = (epoch, done, streams)
-            last = batch
-            yield batch
-        if done < total:
-            if last is None:
-                raise ValueError(f"the pipeline made no batch of the {total} planned for epoch {epoch}")
-            warnings.warn(f"the pipeline made {total - done} fewer batches than the {total} planned for "
-                          f"epoch {epoch} (a stage or the handler dropped samples): the last batch is "
-                          f"repeated so that every rank hands out {total}, and a resume from this "
-                          f"epoch is no longer exact")
-            while done < total:
+    def hand_out(self, pipeline, batches):
+        """The pipeline's batches for one epoch, counted into ``pipeline.position`` (the next epoch's
+        start once all are out); exactly the planned number of them (NOTE [exact epochs in the
+        reference path])."""
+        loader = pipeline.pipeline[0]
+        num_workers = loader.num_workers if isinstance(loader, DataLoader) else 0
+        if isinstance(loader, DataLoader):
+            if loader.persistent_workers:
+                raise ValueError("persistent_workers=True keeps the workers' copy of the dataset from the first "
+                                 "epoch, so set_epoch() and load_state_dict() would not reach it: with "
+                                 "ExactSamples leave persistent_workers off")
+            if not getattr(loader, "in_order", True):
+                raise ValueError("in_order=False hands batches out in whatever order workers make them, so "
+                                 "state_dict() could not say which were handed out: leave it on with ExactSamples")
+            loader.dataset.counted_outside = True  # iterated in this process (no workers): count here only
+        done, streams = self.start(num_workers)
+        total = len(self)
+        epoch = self.epoch
+        pipeline.position = (epoch, done, streams)
+        last, iterator, complete = None, batches(), False
+        try:
+            for batch in iterator:
+                if done == total:
+                    warnings.warn(f"the pipeline made more than the {total} batches planned for epoch {epoch}: "
+                                  f"does it end with batched({self.batch_size})? The rest are not handed out")
+                    break
                 done += 1
                 pipeline.position = (epoch, done, streams)
-                yield last
-        complete = True
-    finally:
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            close()
-        if complete:  # the next iteration runs the next epoch
-            source.epoch, source.resume = epoch + 1, None
-            pipeline.position = (epoch + 1, 0, max(1, num_workers))
-        else:  # left early: the next iteration goes on from here
-            source.resume = {"epoch": epoch, "batches_done": done, "streams": streams}
+                last = batch
+                yield batch
+            if done < total:
+                if last is None:
+                    raise ValueError(f"the pipeline made no batch of the {total} planned for epoch {epoch}")
+                warnings.warn(f"the pipeline made {total - done} fewer batches than the {total} planned for "
+                              f"epoch {epoch} (a stage or the handler dropped samples): the last batch is "
+                              f"repeated so that every rank hands out {total}, and a resume from this "
+                              f"epoch is no longer exact")
+                while done < total:
+                    done += 1
+                    pipeline.position = (epoch, done, streams)
+                    yield last
+            complete = True
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+            if complete:  # the next iteration runs the next epoch
+                self.epoch, self.resume = epoch + 1, None
+                pipeline.position = (epoch + 1, 0, max(1, num_workers))
+            else:  # left early: the next iteration goes on from here
+                self.resume = {"epoch": epoch, "batches_done": done, "streams": streams}
