@@ -4,16 +4,17 @@
 webdataset splits whole shards between nodes and workers, so ranks end an
 epoch with different numbers of batches (DDP then waits forever on the rank
 that ran out) and a stopped run cannot say where it was. ``ExactSamples`` is
-a pipeline source that reads this rank's and worker's part of the plan of
-``epochplan.py`` instead: every sample once per epoch, the same number of
-full batches on every rank. A pipeline on it counts the batches it hands
-out, so ``state_dict()`` says where the epoch stands and
-``load_state_dict()`` goes on from there.
+a pipeline source that reads this rank's streams of the plan of
+``epochplan.py`` instead (each DataLoader worker its share of their
+batches): every sample once per epoch, the same number of full batches on
+every rank. A pipeline on it counts the batches it hands out, so
+``state_dict()`` says where the epoch stands and ``load_state_dict()`` goes
+on from there.
 
 NOTE [exact epochs in the reference path]
     * Streams. An epoch is planned for S streams, S being the number of
       DataLoader workers when the epoch starts (1 without workers). Stream s
-      is region s of the plan with S workers: a whole number of batches of
+      is stream s of the plan for S streams: a whole number of batches of
       samples, read front to back, through a buffer shuffle seeded by
       (seed, epoch, rank, s) when ``shuffle_buffer`` > 1. Batch d of the
       rank's epoch is batch d // S of stream d % S.
@@ -65,16 +66,16 @@ __all__ = ["ExactSamples"]
 
 
 class _Stream:
-    """One stream of the plan (a worker region of it), read forward batch by batch."""
+    """One stream of the plan (its ``StreamPlan``), read forward batch by batch."""
 
-    def __init__(self, part, batch_size, shuffle_buffer, handler, cache_dir, first_batch):
+    def __init__(self, plan, batch_size, shuffle_buffer, handler, cache_dir, first_batch):
         self.batch_size = batch_size
         if shuffle_buffer > 1:  # the order depends on everything before: replay from the start
-            samples = read_ranges(part.shards(resume=False), handler, cache_dir)
-            samples = buffer_shuffled(samples, shuffle_buffer, random.Random(make_seed(part.seed, "shuffle")))
+            samples = read_ranges(plan.shards(resume=False), handler, cache_dir)
+            samples = buffer_shuffled(samples, shuffle_buffer, random.Random(make_seed(plan.seed, "shuffle")))
             self.position = 0
         else:  # skip the first batches by count
-            samples = read_ranges(replace(part, skip_batches=first_batch).shards(), handler, cache_dir)
+            samples = read_ranges(replace(plan, skip_batches=first_batch).shards(), handler, cache_dir)
             self.position = first_batch * batch_size
         self.samples = samples
 
@@ -159,7 +160,7 @@ class ExactSamples(CountedSource):
         (``epochplan.EpochPlan``)."""
         rank, world_size = self.node()
         return plan_epoch(self.shards, self.epoch if epoch is None else epoch, batch_size=self.batch_size, seed=self.seed, rank=rank,
-                          world_size=world_size, num_workers=streams, policy=self.policy, shuffle=self.shuffle)
+                          world_size=world_size, num_streams=streams, policy=self.policy, shuffle=self.shuffle)
 
     def __len__(self):
         """Batches per rank in an epoch (the same on every rank)."""
@@ -213,7 +214,7 @@ class ExactSamples(CountedSource):
             for d in range(done + worker, plan.batches_per_rank, num_workers):
                 s, k = d % nstreams, d // nstreams
                 if s not in streams:
-                    streams[s] = _Stream(plan.workers[s], self.batch_size, self.shuffle_buffer, self.handler,
+                    streams[s] = _Stream(plan.streams[s], self.batch_size, self.shuffle_buffer, self.handler,
                                          self.cache_dir, k)
                 yield from streams[s].batch(k)
         finally:
