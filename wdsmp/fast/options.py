@@ -6,7 +6,7 @@ Both are frozen dataclasses that check and normalise their fields in
 is valid, so what runs per batch or per image (the workers, ``imagedecode``)
 takes them as they are. Arguments that another part checks where it consumes
 them are stored as given: ``rank``, ``world_size``, ``policy`` and
-``epoch_batches`` (``plan.plan_epoch``, run by the loader's constructor),
+``epoch_batches`` (``epochplan.plan_epoch``, run by the loader's constructor),
 ``start_method`` (``pool.context``), ``fields`` (the loader's slot layout).
 """
 
