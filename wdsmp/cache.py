@@ -62,7 +62,7 @@ from .filters import pipelinefilter
 from .gopen import gopen, local_path
 from .handlers import reraise_exception
 from .tariterators import group_by_keys, tar_file_expander, url_opener
-from .tarformat import BLOCK, GZIP_MAGIC
+from .tarformat import BLOCK, GZIP_MAGIC, checksum_ok
 
 __all__ = [
     "FileCache",
@@ -195,22 +195,9 @@ def get_filetype(fname):
         return "empty"
     if head[:2] == GZIP_MAGIC:
         return "gzip compressed data"
-    if len(head) == BLOCK and (not any(head) or _header_checksum_ok(head)):
+    if len(head) == BLOCK and (not any(head) or checksum_ok(head)):
         return "POSIX tar archive" if head[257:262] == b"ustar" else "tar archive"
     return "data"
-
-
-def _header_checksum_ok(header):
-    """The stored checksum of a tar header block matches its bytes (signed or unsigned sum)."""
-    field = header[148:156].split(b"\0", 1)[0].strip(b" ")
-    try:
-        stored = int(field, 8)
-    except ValueError:
-        return False
-    rest = header[:148] + header[156:]
-    unsigned = sum(rest) + 8 * 32
-    signed = unsigned - 256 * sum(1 for byte in rest if byte > 127)
-    return stored in (unsigned, signed)
 
 
 def magic_filetype(fname):
