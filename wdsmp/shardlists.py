@@ -22,6 +22,7 @@ import braceexpand
 from torch.utils.data import IterableDataset
 
 from . import _env, utils
+from ._process import pid_alive
 from ._stages import pipelinefilter
 from .gopen import local_path
 
@@ -454,17 +455,9 @@ def check_pid_is_running(pid):
     """Whether process ``pid`` exists (on this machine).
 
     A process of another user counts as running (webdataset says it is not,
-    and would recycle the shard that process is reading).
+    and would recycle the shard that process is reading); a zombie does not.
     """
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
+    return pid_alive(pid)
 
 
 def without_last_extension(fname):
