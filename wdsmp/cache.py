@@ -44,14 +44,13 @@ import time
 import urllib.parse
 
 from . import _env
+from ._atomic import atomic_write
 from ._cacheentry import (
     LOCK_SUFFIX,
     CachedFile,
     EntryLock,
     claim,
     fetch,
-    fsync_directory,
-    remove_if_present,
     say,
     sweep,
     temp_beside,
@@ -253,26 +252,20 @@ def download(url, dest, chunk_size=1 << 20, verbose=False):
     """Copy ``url`` to the file ``dest``: through a temp beside it, fsynced, renamed at the
     end, so ``dest`` is whole or absent. Errors name ``url``: the source's as gopen
     raises them, a failure to write ``dest`` as a ShardError (an OSError) caused by it."""
-    temp = temp_beside(dest)
     if verbose:
         say(f"[downloading {url} to {dest}]")
     try:
-        with open(temp, "wb") as f, gopen(url) as stream:  # no source started for nothing
+        with atomic_write(dest, temp_beside(dest)) as temp, open(temp, "wb") as f, \
+                gopen(url) as stream:  # no source started for nothing
             while True:
                 data = stream.read(chunk_size)
                 if not data:
                     break
                 f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, dest)
-        fsync_directory(os.path.dirname(dest) or ".")
     except WdsmpError:
         raise
     except OSError as exn:
         raise ShardError(f"cannot download to {dest!r}: {exn}", url=url) from exn
-    finally:
-        remove_if_present(temp)
 
 
 # The cache.

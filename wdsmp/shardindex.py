@@ -17,6 +17,7 @@ import os
 import posixpath
 from urllib.parse import urlsplit, urlunsplit
 
+from ._atomic import atomic_write
 from .gopen import gopen, local_path
 
 __all__ = ["read_entries", "read_index", "relative_url", "resolve_url", "shard_counts", "write_atomic",
@@ -96,17 +97,8 @@ def write_atomic(path, text):
     beside it, renamed over it at the end: a reader never sees half a manifest or index file,
     and a failure leaves no temp behind."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    temp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(temp, "w") as stream:
-            stream.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_write(path) as temp, open(temp, "w") as stream:
+        stream.write(text)
 
 
 def shard_counts(urls, index=None):
