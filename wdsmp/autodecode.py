@@ -289,7 +289,6 @@ imagespecs = {
 
 _PIL_MODES = {"l": "L", "rgb": "RGB", "rgba": "RGBA"}
 _JPEG_COLORSPACES = {"l": "GRAY", "rgb": "RGB", "rgba": "RGBA"}
-_JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 def _jpeg_pixels(data, mode):
@@ -299,23 +298,13 @@ def _jpeg_pixels(data, mode):
     raises its own errors for garbage), and CMYK/YCCK files, which
     libjpeg-turbo converts to RGB by another formula than Pillow's.
     """
-    if not data.startswith(_JPEG_MAGIC):
+    from .fast.imagedecode import jpeg_size
+
+    if jpeg_size(data) is None:
         return None
     import simplejpeg
 
-    from .fast.imagedecode import MAX_PIXELS, MAX_SIDE
-
     try:
-        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-    except (ValueError, KeyError):  # KeyError: a sampling layout simplejpeg has no name for
-        return None
-    if max(height, width) > MAX_SIDE or height * width > MAX_PIXELS:
-        # A few bytes can claim gigabytes of pixels: refuse before anything is allocated.
-        raise ValueError(f"the JPEG image is {width}x{height} pixels, outside the limits (sides up to "
-                         f"{MAX_SIDE}, at most {MAX_PIXELS} pixels); refusing to decode it")
-    try:
-        if colorspace in ("CMYK", "YCCK"):
-            return None
         pixels = simplejpeg.decode_jpeg(data, colorspace=_JPEG_COLORSPACES[mode])
     except ValueError:
         return None
