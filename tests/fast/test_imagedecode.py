@@ -26,7 +26,9 @@ from wdsmp.fast.imagedecode import (
 )
 from wdsmp.native import jpeg_region_available, jpeg_region_module
 
-from .test_imgops import kernel, photo
+from benchmarks.photos import photo
+
+from .test_imgops import kernel
 
 
 def encode(pixels, format="JPEG", mode=None, **kw):
