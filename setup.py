@@ -1,4 +1,4 @@
-"""Builds wdsmp's native core from src/ext (Cython); everything else is in pyproject.toml.
+"""Builds wdsmp's native core from src/ext (Cython and C); everything else is in pyproject.toml.
 
 ``wdsmp._jpegregion`` links the system's libjpeg-turbo: it is built only when a
 small test program using its region functions compiles and links here, and
@@ -71,6 +71,9 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
+# Each .pyx wraps the hand-written C beside it (src/ext/*.c without the leading
+# underscore of Cython's generated files); depends lists the headers, for sdists
+# and for rebuilding when one changes.
 extensions = [
     Extension(
         "wdsmp._tarsplit",
@@ -79,14 +82,18 @@ extensions = [
     ),
     Extension(
         "wdsmp._imgops",
-        ["src/ext/_imgops.pyx"],
+        ["src/ext/_imgops.pyx", "src/ext/imgops_kernels.c"],
+        include_dirs=["src/ext"],
+        depends=["src/ext/imgops_kernels.h"],
         # No FMA contraction: the filter taps are computed in double exactly as
         # the pure-Python twin computes them, so both pick the same weights.
         extra_compile_args=["-O3", "-ffp-contract=off"],
     ),
     Extension(
         JPEG_REGION,
-        ["src/ext/_jpegregion.pyx"],
+        ["src/ext/_jpegregion.pyx", "src/ext/jpegregion.c"],
+        include_dirs=["src/ext"],
+        depends=["src/ext/jpegregion.h"],
         libraries=["jpeg"],
         extra_compile_args=["-O3"],
     ),

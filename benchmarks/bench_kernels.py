@@ -26,7 +26,7 @@ import numpy as np
 import PIL.Image
 import simplejpeg
 
-from wdsmp.fast import _imgops_py
+from wdsmp import _imgops_py
 from wdsmp.fast.imagedecode import decode_into
 from wdsmp.native import imgops_module, jpeg_region_available, native_available
 

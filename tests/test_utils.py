@@ -1,4 +1,5 @@
-"""Tests of the webdataset helpers in wdsmp.utils: braces, symbols, safe_eval, deprecation, security."""
+"""Tests of the webdataset helpers in wdsmp.utils that live there: iteration helpers,
+sample weights, the security flag; the names it re-exports are tested with their modules."""
 
 import numpy as np
 import pytest
@@ -6,92 +7,12 @@ import pytest
 import wdsmp.utils as utils
 
 
-def test_glob_with_braces(tmp_path):
-    for name in ["b.tar", "a.tar", "c.tgz", "d.txt"]:
-        (tmp_path / name).write_bytes(b"")
-    found = utils.glob_with_braces(str(tmp_path / "*.{tar,tgz}"))
-    assert found == [str(tmp_path / n) for n in ["a.tar", "b.tar", "c.tgz"]]  # sorted per alternative
-    assert utils.glob_with_braces(str(tmp_path / "*.zip")) == []
-    with pytest.raises(ValueError, match="unbalanced braces"):
-        utils.glob_with_braces(str(tmp_path / "*.{tar"))
-
-
-@pytest.mark.parametrize("name, pattern, expected", [
-    ("x.tar", "*.{tar,tgz}", True),
-    ("x.tgz", "*.{tar,tgz}", True),
-    ("x.zip", "*.{tar,tgz}", False),
-    ("shard-07.tar", "shard-{00..09}.tar", True),
-    ("shard-10.tar", "shard-{00..09}.tar", False),
-    ("plain.tar", "*.tar", True),
-])
-def test_fnmatch_with_braces(name, pattern, expected):
-    assert utils.fnmatch_with_braces(name, pattern) is expected
-
-
-def test_lookup_sym():
-    from wdsmp import filters
-
-    assert utils.lookup_sym("shuffle", [".filters"]) is filters.shuffle
-    assert utils.lookup_sym("shuffle", [".tenbin", "wdsmp.filters"]) is filters.shuffle  # first that has it
-    assert utils.lookup_sym("no_such_name", [".filters", ".tenbin"]) is None
-
-
-def test_safe_eval_values():
-    assert utils.safe_eval("42") == 42
-    assert utils.safe_eval("1e3") == 1000.0
-    assert utils.safe_eval("True") is True
-    assert utils.safe_eval("abc", '"{}"') == "abc"
-    assert utils.safe_eval("7", "int({}) * 2") == 14
-    assert utils.safe_eval("3", "({},)") == (3,)
-
-
-@pytest.mark.parametrize("text", ["__import__", "a b", "os.system", "1+1", "x;y", "'q'", "open()", None])
-def test_safe_eval_refuses_unsafe_input(text):
-    with pytest.raises(ValueError, match="safe_eval"):
-        utils.safe_eval(text)
-
-
-@pytest.mark.parametrize("name", ["os", "open", "eval", "exec", "getattr", "sys", "np", "utils"])
-def test_safe_eval_reaches_no_module_or_dangerous_builtin(name):
-    with pytest.raises(NameError):
-        utils.safe_eval(name)
-    with pytest.raises(NameError):
-        utils.safe_eval(name, "{}('x')")
-
-
-def test_deprecated_warns_and_calls():
-    @utils.deprecated
-    def plain(x):
-        return x + 1
-
-    @utils.deprecated("use other()")
-    def with_reason(x):
-        return x * 2
-
-    with pytest.warns(DeprecationWarning, match="deprecated function plain"):
-        assert plain(1) == 2
-    with pytest.warns(DeprecationWarning, match="Reason: use other"):
-        assert with_reason(3) == 6
-    assert plain.__name__ == "plain" and with_reason.__name__ == "with_reason"
-
-
-def test_obsolete_needs_allow_obsolete(monkeypatch):
-    @utils.obsolete
-    def old(x):
-        return x
-
-    @utils.obsolete(reason="gone")
-    def older(x):
-        return -x
-
-    monkeypatch.delenv("ALLOW_OBSOLETE", raising=False)
-    with pytest.raises(utils.ObsoleteException, match="obsolete function old"):
-        old(1)
-    with pytest.raises(utils.ObsoleteException, match="Reason: gone"):
-        older(1)
-    monkeypatch.setenv("ALLOW_OBSOLETE", "1")
-    assert old(1) == 1 and older(1) == -1
-    assert issubclass(utils.ObsoleteException, Exception)
+def test_repeatedly():
+    assert list(utils.repeatedly([1, 2, 3], nepochs=2)) == [1, 2, 3, 1, 2, 3]
+    assert list(utils.repeatedly([1, 2, 3], nbatches=5)) == [1, 2, 3, 1, 2]
+    assert list(utils.repeatedly(iter([1, 2]))) == [1, 2]  # an exhausted iterator ends it
+    batches = [([1, 2],), ([3, 4],), ([5, 6],)]
+    assert list(utils.repeatedly(batches, nsamples=3)) == batches[:2]
 
 
 def test_compute_sample_weights():

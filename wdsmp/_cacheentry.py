@@ -18,9 +18,8 @@ flock: shared, held by each reader of the entry as long as its stream is
 open; exclusive, held by the one process that fetches, replaces or evicts it.
 (tee) A fetch writes each chunk the consumer reads from the source to the
 hidden temp ``.<name>.<pid>.<random>.tmp`` in the same directory. (rename) At
-the source's end of file the temp is fsynced, checked by running the tar
-reader over it (page-cache fast for a tar; a gzip shard is decompressed once
-more, on its first pass only), room is made under ``cache_size``, and it is
+the source's end of file the temp is fsynced, checked by the caller's
+``validate`` (wdsmp.cache runs the tar reader over it), room is made under ``cache_size``, and it is
 renamed over ``<name>``; only then is the exclusive lock released. (temp) A
 source error, a write error, a close before end of file or a failed check
 removes the temp instead. (lock) Locks are only ever tried without blocking
@@ -45,7 +44,6 @@ import warnings
 
 from ._atomic import put_in_place, remove_if_present
 from .gopen import gopen
-from .tariterators import tar_file_iterator
 
 __all__ = [
     "LOCK_SUFFIX",
@@ -229,11 +227,12 @@ class CachedFile(io.FileIO):
                 lock.release()
 
 
-def fetch(url, path, lock, *, cache_dir, cache_size, verbose=False):
+def fetch(url, path, lock, *, cache_dir, cache_size, validate, verbose=False):
     """``url``'s source, teed into a new temp that becomes the entry ``path`` at its end of
     file (NOTE [cache entry] (tee)); called holding the exclusive lock, which the stream
     then owns. When no temp can be made: the source alone, the lock released, with a
-    warning. ``cache_dir`` and ``cache_size``: the directory and the cap to make room in."""
+    warning. ``cache_dir`` and ``cache_size``: the directory and the cap to make room in.
+    ``validate(path, url)``: why the complete temp may not become the entry, or None."""
     try:
         source = gopen(url)
     except BaseException:
@@ -250,7 +249,7 @@ def fetch(url, path, lock, *, cache_dir, cache_size, verbose=False):
     if verbose:
         say(f"[caching {url} at {temp}]")
     add = functools.partial(_add_entry, url, path, cache_dir=cache_dir, cache_size=cache_size,
-                            verbose=verbose)
+                            validate=validate, verbose=verbose)
     return _Tee(source, url, temp, fd, lock, add)
 
 
@@ -345,11 +344,11 @@ class _Tee(io.RawIOBase):
                 super().close()
 
 
-def _add_entry(url, path, temp, lock, *, cache_dir, cache_size, verbose):
+def _add_entry(url, path, temp, lock, *, cache_dir, cache_size, validate, verbose):
     """Check the complete temp, make room, rename it to the entry; always releases the
     lock and leaves no temp. NOTE [cache entry] (rename)."""
     try:
-        problem = _tar_problem(temp, url)
+        problem = validate(temp, url)
         if problem is not None:
             if verbose:
                 say(f"[not caching {url}: {problem}]")  # the reader raises it too
@@ -370,18 +369,6 @@ def _add_entry(url, path, temp, lock, *, cache_dir, cache_size, verbose):
     finally:
         remove_if_present(temp)
         lock.release()
-
-
-def _tar_problem(path, url):
-    """Why the file at ``path`` would fail the tar reader, or None: the check before an
-    entry is added (NOTE [cache entry] (rename)), by the reader's own code."""
-    try:
-        with open(path, "rb") as f:
-            for _ in tar_file_iterator(f, url=url):
-                pass
-    except (ValueError, OSError) as exn:
-        return exn
-    return None
 
 
 # The sweep: dead temps and eviction.

@@ -12,6 +12,11 @@ def _flag(name):
     return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
 
 
+def allow_obsolete():
+    """``ALLOW_OBSOLETE=1``: let functions marked ``@obsolete`` run (webdataset's name)."""
+    return _flag("ALLOW_OBSOLETE")
+
+
 def pure_python():
     """``WDSMP_PUREPYTHON=1``: use the pure-Python twins of the native code."""
     return _flag("WDSMP_PUREPYTHON")
@@ -41,11 +46,6 @@ def _index_pair(index_name, count_name):
 def rank_world_size():
     """``RANK`` and ``WORLD_SIZE`` (as torchrun sets them); None unless both are set."""
     return _index_pair("RANK", "WORLD_SIZE")
-
-
-def local_rank():
-    """``LOCAL_RANK`` (torchrun's rank within a node); None when unset."""
-    return _int_var("LOCAL_RANK")
 
 
 def worker_num_workers():

@@ -45,6 +45,7 @@ import tempfile
 from collections.abc import Mapping
 
 import numpy as np
+from torch.utils.data import IterableDataset
 
 from . import _env
 from .errors import DecodeError
@@ -53,6 +54,7 @@ __all__ = [
     "IMAGE_EXTENSIONS",
     "BasicHandlers",
     "Continue",
+    "DecodedSamples",
     "Decoder",
     "DecodingError",
     "ImageHandler",
@@ -471,10 +473,27 @@ def _handler(h, unsafe):
     return _unsafe_basichandlers if unsafe and h is basichandlers else h
 
 
-def _decode_samples(samples, decoder):
-    """The stage ``Decoder(...)(dataset)`` runs: each sample decoded."""
-    for sample in samples:
-        yield decoder.decode(sample)
+class DecodedSamples(IterableDataset):
+    """A dataset's samples, each decoded: what ``Decoder(...)(dataset)`` returns.
+
+    ``samples`` is an iterable (an IterableDataset, a DataLoader, a list) or a
+    callable returning an iterator, as a pipeline's source may be. Only the
+    two travel, so it pickles for DataLoader workers whenever they do.
+    """
+
+    def __init__(self, samples, decoder):
+        super().__init__()
+        self.samples, self.decoder = samples, decoder
+
+    def __iter__(self):
+        samples = self.samples if hasattr(self.samples, "__iter__") else self.samples()
+        for sample in samples:
+            yield self.decoder.decode(sample)
+
+    def set_epoch(self, epoch):
+        """Passed on to the samples' dataset, if it has epochs."""
+        if hasattr(self.samples, "set_epoch"):
+            self.samples.set_epoch(epoch)
 
 
 class Decoder:
@@ -573,10 +592,7 @@ class Decoder:
         if isinstance(sample, (str, bytes)) or not (hasattr(sample, "__iter__") or callable(sample)):
             raise TypeError(f"a Decoder takes a sample (a dict) or a dataset of samples, "
                             f"not {type(sample).__name__}")
-        from .pipeline import DataPipeline
-
-        # In a list: DataPipeline splices list arguments, and the dataset may be a list.
-        return DataPipeline([sample, functools.partial(_decode_samples, decoder=self)])
+        return DecodedSamples(sample, self)
 
     def __repr__(self):
         return (f"Decoder({list(self.handlers)!r}, only={self.only!r}, partial={self.partial}, "

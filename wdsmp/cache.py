@@ -57,10 +57,10 @@ from ._cacheentry import (
     warn,
 )
 from .errors import ShardError, WdsmpError
-from .filters import pipelinefilter
+from ._stages import pipelinefilter
 from .gopen import gopen, local_path
 from .handlers import reraise_exception
-from .tariterators import group_by_keys, tar_file_expander, url_opener
+from .tariterators import group_by_keys, tar_file_expander, tar_file_iterator, url_opener
 from .tarformat import BLOCK, GZIP_MAGIC, checksum_ok
 
 __all__ = [
@@ -99,8 +99,7 @@ _DEFAULT = _Default()
 
 # Module-level defaults. webdataset computes them from WDS_CACHE, WDS_CACHE_SIZE and
 # WDS_VERBOSE_CACHE at import; wdsmp reads the environment in _env.py only, per call,
-# so they are functions, and the module attributes are computed when asked. (Those
-# variables are not read yet: these return webdataset's values for them unset.)
+# so they are functions, and the module attributes are computed when asked.
 
 
 def _default_cache_dir():
@@ -208,6 +207,19 @@ def check_tar_format(fname):
     """Whether a file starts like a tar archive or gzip data (its first block only)."""
     filetype = get_filetype(fname)
     return "tar archive" in filetype or "gzip compressed" in filetype
+
+
+def _tar_problem(path, url):
+    """Why the fetched file at ``path`` would fail the tar reader, or None: the check before
+    it becomes an entry (NOTE [cache entry] (rename)), by the reader's own code (page-cache
+    fast for a tar; a gzip shard is decompressed once more, on its first pass only)."""
+    try:
+        with open(path, "rb") as f:
+            for _ in tar_file_iterator(f, url=url):
+                pass
+    except (ValueError, OSError) as exn:
+        return exn
+    return None
 
 
 # Cleanup and download.
@@ -364,7 +376,7 @@ class FileCache:
             return cached
         if lock.held:
             return fetch(url, path, lock, cache_dir=self.cache_dir, cache_size=self.cache_size,
-                         verbose=self.verbose)
+                         validate=_tar_problem, verbose=self.verbose)
         warn(f"waited {self.lock_timeout:g}s for another process caching {url} at {path}; "
              f"reading it without caching")
         return gopen(url)

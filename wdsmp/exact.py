@@ -4,16 +4,17 @@
 webdataset splits whole shards between nodes and workers, so ranks end an
 epoch with different numbers of batches (DDP then waits forever on the rank
 that ran out) and a stopped run cannot say where it was. ``ExactSamples`` is
-a pipeline source that reads this rank's and worker's part of the plan of
-``fast/plan.py`` instead: every sample once per epoch, the same number of
-full batches on every rank. A pipeline on it counts the batches it hands
-out, so ``state_dict()`` says where the epoch stands and
-``load_state_dict()`` goes on from there.
+a pipeline source that reads this rank's streams of the plan of
+``epochplan.py`` instead (each DataLoader worker its share of their
+batches): every sample once per epoch, the same number of full batches on
+every rank. A pipeline on it counts the batches it hands out, so
+``state_dict()`` says where the epoch stands and ``load_state_dict()`` goes
+on from there.
 
 NOTE [exact epochs in the reference path]
     * Streams. An epoch is planned for S streams, S being the number of
       DataLoader workers when the epoch starts (1 without workers). Stream s
-      is region s of the plan with S workers: a whole number of batches of
+      is stream s of the plan for S streams: a whole number of batches of
       samples, read front to back, through a buffer shuffle seeded by
       (seed, epoch, rank, s) when ``shuffle_buffer`` > 1. Batch d of the
       rank's epoch is batch d // S of stream d % S.
@@ -50,71 +51,31 @@ import warnings
 from dataclasses import replace
 from itertools import islice
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import DataLoader, get_worker_info
 
+from ._stages import Curried
+from .epochplan import POLICIES, plan_epoch
+from .filters import detshuffle, shuffle
 from .handlers import reraise_exception
+from .pipeline import CountedSource
+from .ranges import buffer_shuffled, read_ranges
 from .shardindex import shard_counts
-from .tariterators import tarfile_samples
 from .utils import make_seed, pytorch_worker_info
 
-__all__ = ["ExactSamples", "buffer_shuffled", "read_ranges"]
-
-
-def read_ranges(ranges, handler=reraise_exception, cache_dir=None):
-    """The samples of each ``plan.ShardRange`` in turn: samples ``[start, stop)`` of its shard,
-    opened directly or from the shard cache in ``cache_dir``.
-
-    A range often ends before its shard does (a shard split between ranks or
-    workers), and the cache keeps only shards read to their end, so a shard
-    to be cached is first fetched whole: the rest of it is the next range's.
-    A shard that cannot be cached (larger than the cache may hold, no room,
-    another process fetching it for too long) is read directly, with a
-    warning: caching never stops training.
-    """
-    for shard in ranges:
-        samples = None
-        if cache_dir is not None:
-            from .cache import FileCache, cached_tarfile_samples
-
-            try:
-                FileCache(cache_dir).get_file(shard.url)
-                samples = cached_tarfile_samples([shard.url], handler=handler, cache_dir=cache_dir)
-            except Exception as exn:  # an unreadable source fails again below, through the handler
-                warnings.warn(f"could not cache {shard.url} in {cache_dir} ({exn}); reading it directly")
-        if samples is None:
-            samples = tarfile_samples([shard.url], handler=handler)
-        try:
-            yield from islice(samples, shard.start, shard.stop)
-        finally:
-            samples.close()
-
-
-def buffer_shuffled(samples, size, rng):
-    """``samples`` in a random order through a buffer of ``size``: all of them, each once, the
-    order fixed by ``rng``."""
-    buffer = []
-    for sample in samples:
-        if len(buffer) < size:
-            buffer.append(sample)
-            continue
-        i = rng.randrange(size)
-        buffer[i], sample = sample, buffer[i]
-        yield sample
-    rng.shuffle(buffer)
-    yield from buffer
+__all__ = ["ExactSamples"]
 
 
 class _Stream:
-    """One stream of the plan (a worker region of it), read forward batch by batch."""
+    """One stream of the plan (its ``StreamPlan``), read forward batch by batch."""
 
-    def __init__(self, part, batch_size, shuffle_buffer, handler, cache_dir, first_batch):
+    def __init__(self, plan, batch_size, shuffle_buffer, handler, cache_dir, first_batch):
         self.batch_size = batch_size
         if shuffle_buffer > 1:  # the order depends on everything before: replay from the start
-            samples = read_ranges(part.shards(resume=False), handler, cache_dir)
-            samples = buffer_shuffled(samples, shuffle_buffer, random.Random(make_seed(part.seed, "shuffle")))
+            samples = read_ranges(plan.shards(resume=False), handler, cache_dir)
+            samples = buffer_shuffled(samples, shuffle_buffer, random.Random(make_seed(plan.seed, "shuffle")))
             self.position = 0
         else:  # skip the first batches by count
-            samples = read_ranges(replace(part, skip_batches=first_batch).shards(), handler, cache_dir)
+            samples = read_ranges(replace(plan, skip_batches=first_batch).shards(), handler, cache_dir)
             self.position = first_batch * batch_size
         self.samples = samples
 
@@ -130,7 +91,7 @@ class _Stream:
         self.samples.close()
 
 
-class ExactSamples(IterableDataset):
+class ExactSamples(CountedSource):
     """Pipeline source for exact epochs: this rank's and worker's samples of the epoch's plan, in
     the order that makes every rank's batches the same in number and resumable; see NOTE [exact
     epochs in the reference path].
@@ -161,8 +122,6 @@ class ExactSamples(IterableDataset):
 
     def __init__(self, urls, batch_size, *, index=None, seed=0, policy="drop", shuffle=True,
                  shuffle_buffer=0, handler=reraise_exception, rank=None, world_size=None, cache_dir=None):
-        from .fast.plan import POLICIES
-
         super().__init__()
         self.shards = tuple(shard_counts(urls, index))
         unknown = [url for url, count in self.shards if count is None]
@@ -198,12 +157,10 @@ class ExactSamples(IterableDataset):
 
     def plan(self, streams, epoch=None):
         """This rank's plan of ``epoch`` (default: the current one) for ``streams`` streams
-        (``fast.plan.EpochPlan``)."""
-        from .fast.plan import plan_epoch
-
+        (``epochplan.EpochPlan``)."""
         rank, world_size = self.node()
         return plan_epoch(self.shards, self.epoch if epoch is None else epoch, batch_size=self.batch_size, seed=self.seed, rank=rank,
-                          world_size=world_size, num_workers=streams, policy=self.policy, shuffle=self.shuffle)
+                          world_size=world_size, num_streams=streams, policy=self.policy, shuffle=self.shuffle)
 
     def __len__(self):
         """Batches per rank in an epoch (the same on every rank)."""
@@ -248,7 +205,7 @@ class ExactSamples(IterableDataset):
 
     def __iter__(self):
         _, _, worker, num_workers = pytorch_worker_info()
-        inside = _in_dataloader_worker()
+        inside = get_worker_info() is not None
         done, nstreams = self.start(num_workers if inside else 0)
         worker, num_workers = (worker, num_workers) if inside else (0, 1)
         plan = self.plan(nstreams)
@@ -257,99 +214,73 @@ class ExactSamples(IterableDataset):
             for d in range(done + worker, plan.batches_per_rank, num_workers):
                 s, k = d % nstreams, d // nstreams
                 if s not in streams:
-                    streams[s] = _Stream(plan.workers[s], self.batch_size, self.shuffle_buffer, self.handler,
+                    streams[s] = _Stream(plan.streams[s], self.batch_size, self.shuffle_buffer, self.handler,
                                          self.cache_dir, k)
                 yield from streams[s].batch(k)
         finally:
             for stream in streams.values():
                 stream.close()
 
+    def check_stage(self, pipeline, stage):
+        """Refuse a shuffle appended to a pipeline on ``ExactSamples``, and any stage after a
+        DataLoader over one (NOTE [exact epochs ...], The contract and State)."""
+        if isinstance(pipeline.pipeline[0], DataLoader):
+            raise ValueError(f"no stage may follow the DataLoader of a WebLoader over ExactSamples ({stage!r}): "
+                             f"the batch count that state_dict() saves is taken there; put the stage in the "
+                             f"dataset's pipeline instead")
+        shuffles = (isinstance(stage, Curried) and stage.f is shuffle.f) or isinstance(stage, detshuffle)
+        if shuffles and pipeline.pipeline[0] is self:
+            raise ValueError("a .shuffle() stage after ExactSamples mixes samples across batches, so epochs "
+                             "are no longer exact nor resumable: use ExactSamples(..., shuffle_buffer=n)")
 
-def _in_dataloader_worker():
-    from torch.utils.data import get_worker_info
-
-    return get_worker_info() is not None
-
-
-def source_of(pipeline):
-    """The ``ExactSamples`` a pipeline reads from (directly, or through the DataLoader a
-    ``WebLoader`` wraps), or None."""
-    stages = getattr(pipeline, "pipeline", None)
-    if not stages:
-        return None
-    first = stages[0]
-    if isinstance(first, DataLoader):
-        first = first.dataset
-        if isinstance(first, ExactSamples):
-            return first
-        return source_of(first)
-    return first if isinstance(first, ExactSamples) else None
-
-
-def check_stage(pipeline, stage):
-    """Refuse a shuffle appended to a pipeline on ``ExactSamples``, and any stage after a
-    DataLoader over one (NOTE [exact epochs ...], The contract and State)."""
-    from . import filters
-    from ._stages import Curried
-
-    if isinstance(pipeline.pipeline[0], DataLoader) and source_of(pipeline) is not None:
-        raise ValueError(f"no stage may follow the DataLoader of a WebLoader over ExactSamples ({stage!r}): "
-                         f"the batch count that state_dict() saves is taken there; put the stage in the "
-                         f"dataset's pipeline instead")
-    shuffles = (isinstance(stage, Curried) and stage.f is filters._shuffle) or isinstance(stage, filters.detshuffle)
-    if shuffles and isinstance(pipeline.pipeline[0], ExactSamples):
-        raise ValueError("a .shuffle() stage after ExactSamples mixes samples across batches, so epochs "
-                         "are no longer exact nor resumable: use ExactSamples(..., shuffle_buffer=n)")
-
-
-def handed_out(pipeline, source, batches):
-    """The pipeline's batches for one epoch, counted into ``pipeline.position`` (the next epoch's
-    start once all are out); exactly the planned number of them (NOTE [exact epochs in the
-    reference path])."""
-    loader = pipeline.pipeline[0]
-    num_workers = loader.num_workers if isinstance(loader, DataLoader) else 0
-    if isinstance(loader, DataLoader):
-        if loader.persistent_workers:
-            raise ValueError("persistent_workers=True keeps the workers' copy of the dataset from the first "
-                             "epoch, so set_epoch() and load_state_dict() would not reach it: with "
-                             "ExactSamples leave persistent_workers off")
-        if not getattr(loader, "in_order", True):
-            raise ValueError("in_order=False hands batches out in whatever order workers make them, so "
-                             "state_dict() could not say which were handed out: leave it on with ExactSamples")
-        loader.dataset.counted_outside = True  # iterated in this process (no workers): count here only
-    done, streams = source.start(num_workers)
-    total = len(source)
-    epoch = source.epoch
-    pipeline.position = (epoch, done, streams)
-    last, iterator, complete = None, batches(), False
-    try:
-        for batch in iterator:
-            if done == total:
-                warnings.warn(f"the pipeline made more than the {total} batches planned for epoch {epoch}: "
-                              f"does it end with batched({source.batch_size})? The rest are not handed out")
-                break
-            done += 1
-            pipeline.position = (epoch, done, streams)
-            last = batch
-            yield batch
-        if done < total:
-            if last is None:
-                raise ValueError(f"the pipeline made no batch of the {total} planned for epoch {epoch}")
-            warnings.warn(f"the pipeline made {total - done} fewer batches than the {total} planned for "
-                          f"epoch {epoch} (a stage or the handler dropped samples): the last batch is "
-                          f"repeated so that every rank hands out {total}, and a resume from this "
-                          f"epoch is no longer exact")
-            while done < total:
+    def hand_out(self, pipeline, batches):
+        """The pipeline's batches for one epoch, counted into ``pipeline.position`` (the next epoch's
+        start once all are out); exactly the planned number of them (NOTE [exact epochs in the
+        reference path])."""
+        loader = pipeline.pipeline[0]
+        num_workers = loader.num_workers if isinstance(loader, DataLoader) else 0
+        if isinstance(loader, DataLoader):
+            if loader.persistent_workers:
+                raise ValueError("persistent_workers=True keeps the workers' copy of the dataset from the first "
+                                 "epoch, so set_epoch() and load_state_dict() would not reach it: with "
+                                 "ExactSamples leave persistent_workers off")
+            if not getattr(loader, "in_order", True):
+                raise ValueError("in_order=False hands batches out in whatever order workers make them, so "
+                                 "state_dict() could not say which were handed out: leave it on with ExactSamples")
+            loader.dataset.counted_outside = True  # iterated in this process (no workers): count here only
+        done, streams = self.start(num_workers)
+        total = len(self)
+        epoch = self.epoch
+        pipeline.position = (epoch, done, streams)
+        last, iterator, complete = None, batches(), False
+        try:
+            for batch in iterator:
+                if done == total:
+                    warnings.warn(f"the pipeline made more than the {total} batches planned for epoch {epoch}: "
+                                  f"does it end with batched({self.batch_size})? The rest are not handed out")
+                    break
                 done += 1
                 pipeline.position = (epoch, done, streams)
-                yield last
-        complete = True
-    finally:
-        close = getattr(iterator, "close", None)
-        if close is not None:
-            close()
-        if complete:  # the next iteration runs the next epoch
-            source.epoch, source.resume = epoch + 1, None
-            pipeline.position = (epoch + 1, 0, max(1, num_workers))
-        else:  # left early: the next iteration goes on from here
-            source.resume = {"epoch": epoch, "batches_done": done, "streams": streams}
+                last = batch
+                yield batch
+            if done < total:
+                if last is None:
+                    raise ValueError(f"the pipeline made no batch of the {total} planned for epoch {epoch}")
+                warnings.warn(f"the pipeline made {total - done} fewer batches than the {total} planned for "
+                              f"epoch {epoch} (a stage or the handler dropped samples): the last batch is "
+                              f"repeated so that every rank hands out {total}, and a resume from this "
+                              f"epoch is no longer exact")
+                while done < total:
+                    done += 1
+                    pipeline.position = (epoch, done, streams)
+                    yield last
+            complete = True
+        finally:
+            close = getattr(iterator, "close", None)
+            if close is not None:
+                close()
+            if complete:  # the next iteration runs the next epoch
+                self.epoch, self.resume = epoch + 1, None
+                pipeline.position = (epoch + 1, 0, max(1, num_workers))
+            else:  # left early: the next iteration goes on from here
+                self.resume = {"epoch": epoch, "batches_done": done, "streams": streams}

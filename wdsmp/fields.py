@@ -13,6 +13,7 @@ from fnmatch import fnmatch
 
 from . import _env
 from ._stages import handle_each, need_dict, pipelinefilter, sample_error
+from .autodecode import imagehandler
 from .handlers import reraise_exception
 from .utils import identity
 
@@ -253,9 +254,7 @@ def _xdecode(source, *args, must_decode=True, defaults=default_decoders,
     images = {}
     for _, spec in decoders:
         if isinstance(spec, str) and spec not in images:
-            from . import autodecode  # late: keeps `import wdsmp` light, and free of cycles
-
-            images[spec] = autodecode.imagehandler(spec)
+            images[spec] = imagehandler(spec)
     path = None
 
     def decoded(sample):

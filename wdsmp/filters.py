@@ -25,6 +25,7 @@ from ._stages import (
     pipelinefilter,
     sample_error,
 )
+from .autodecode import Decoder
 from .batching import (
     batched,
     combine_values,
@@ -395,9 +396,7 @@ def _decode(data, *args, handler=reraise_exception, **kw):
     ``kw`` goes to the Decoder (``pre``, ``post``, ``only``, ``partial``,
     ``unsafe``).
     """
-    from . import autodecode  # late: keeps `import wdsmp` light, and free of cycles
-
-    decoder = autodecode.Decoder(list(args), **kw)
+    decoder = Decoder(list(args), **kw)
 
     def apply(sample):
         yield decoder.decode(need_dict("decode", sample))

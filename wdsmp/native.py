@@ -69,7 +69,7 @@ def imgops_module():
         compiled = _compiled("_imgops")
         if compiled is not None:
             return compiled
-    from .fast import _imgops_py
+    from . import _imgops_py
 
     return _imgops_py
 

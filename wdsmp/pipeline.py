@@ -14,6 +14,15 @@ rather than rereading its first ``n`` items. The kept iterator belongs to the
 process that made it: it is dropped on pickling and ignored after a fork, so
 a DataLoader worker starts its own. ``set_epoch`` drops it too, so that the
 new epoch's seeds take effect at once.
+
+NOTE [counted source]: a pipeline whose source is a ``CountedSource``
+(stage 0, or the dataset of a DataLoader at stage 0, itself read from one)
+hands out the epoch's batches through the source's ``hand_out``, which counts
+them into ``pipeline.position``; ``state_dict()`` and ``load_state_dict()``
+go to the source, and so does every stage appended (``check_stage``), which
+it may refuse. ``wdsmp.ExactSamples`` is the one such source (NOTE [exact
+epochs in the reference path] in exact.py); the pipeline knows only this
+protocol.
 """
 
 import copy
@@ -25,10 +34,54 @@ from itertools import islice
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from . import exact
 from .utils import PipelineStage
 
-__all__ = ["DataPipeline", "add_length_method"]
+__all__ = ["CountedSource", "DataPipeline", "add_length_method"]
+
+
+class CountedSource(IterableDataset):
+    """A source whose epochs are a planned number of batches, counted as the pipeline hands
+    them out so that an epoch can be saved and resumed; NOTE [counted source]."""
+
+    epoch = 0
+
+    def check_stage(self, pipeline, stage):
+        """Raise ValueError if ``stage`` may not be appended to ``pipeline``, which reads from
+        this source."""
+
+    def hand_out(self, pipeline, batches):
+        """The epoch's batches from ``batches()``, counted into ``pipeline.position`` as
+        ``(epoch, batches handed out, streams)``."""
+        raise NotImplementedError(f"{type(self).__name__}.hand_out")
+
+    def __len__(self):
+        """The batches of an epoch."""
+        raise NotImplementedError(f"{type(self).__name__}.__len__")
+
+    def start(self, num_workers):
+        """``(batches handed out, streams)`` where the current epoch starts."""
+        raise NotImplementedError(f"{type(self).__name__}.start")
+
+    def state(self, epoch, batches_done, streams):
+        """The state ``state_dict()`` saves after ``batches_done`` batches of ``epoch``."""
+        raise NotImplementedError(f"{type(self).__name__}.state")
+
+    def load_state_dict(self, state):
+        """Make the next iteration go on from ``state``."""
+        raise NotImplementedError(f"{type(self).__name__}.load_state_dict")
+
+
+def counted_source(pipeline):
+    """The ``CountedSource`` a pipeline reads from (directly, or through the DataLoader a
+    ``WebLoader`` wraps), or None; NOTE [counted source]."""
+    stages = getattr(pipeline, "pipeline", None)
+    if not stages:
+        return None
+    first = stages[0]
+    if isinstance(first, DataLoader):
+        first = first.dataset
+        return first if isinstance(first, CountedSource) else counted_source(first)
+    return first if isinstance(first, CountedSource) else None
 
 
 def _size_len(self):
@@ -105,7 +158,7 @@ class DataPipeline(IterableDataset):
         self._keep = False  # with_epoch mode, NOTE [epoch iterator]
         self._source = None
         self._source_pid = None
-        self.position = None  # (epoch, batches handed out, streams) with an ExactSamples source
+        self.position = None  # (epoch, batches handed out, streams) with a counted source
         for stage in _flatten(args):
             self.append(stage)
 
@@ -120,8 +173,9 @@ class DataPipeline(IterableDataset):
         if where > 0 and not _is_filter(f):
             raise ValueError(f"stage {where} ({f!r}) is not callable: only the first stage may "
                              f"be an iterable source; later stages take the upstream iterator")
-        if where > 0:
-            exact.check_stage(self, f)
+        source = counted_source(self) if where > 0 else None
+        if source is not None:
+            source.check_stage(self, f)
         self.pipeline.append(f)
 
     def compose(self, *args, **kw):
@@ -207,12 +261,12 @@ class DataPipeline(IterableDataset):
             yield sample
 
     def __iter__(self):
-        source = exact.source_of(self)
+        source = counted_source(self)
         if source is not None and get_worker_info() is None and not getattr(self, "counted_outside", False):
             if self._keep or self.repetitions != 1 or self.nsamples > 0:
-                raise ValueError("with_epoch() and repeat() do not combine with ExactSamples, whose "
+                raise ValueError(f"with_epoch() and repeat() do not combine with {type(source).__name__}, whose "
                                  "epochs are the plan's batches")
-            return exact.handed_out(self, source, self.iterator1)
+            return source.hand_out(self, self.iterator1)
         if self._keep:
             if self.nsamples > 0:
                 return self._epoch(self.nsamples)
@@ -255,8 +309,8 @@ class DataPipeline(IterableDataset):
         return self
 
     def __len__(self):
-        if self._length is None and exact.source_of(self) is not None:
-            return len(exact.source_of(self))
+        if self._length is None and counted_source(self) is not None:
+            return len(counted_source(self))
         if self._length is None:
             raise TypeError("this DataPipeline has no length; set one with .with_length(n)")
         return self._length
@@ -276,10 +330,10 @@ class DataPipeline(IterableDataset):
             self.position = None
         self._drop_source()
 
-    # -- exact epochs: NOTE [exact epochs in the reference path] in exact.py
+    # -- counted epochs: NOTE [counted source]
 
-    def _exact_source(self):
-        source = exact.source_of(self)
+    def _state_source(self):
+        source = counted_source(self)
         if source is None:
             raise ValueError("state_dict() and load_state_dict() need a pipeline that reads from "
                              "wds.ExactSamples (directly, or through the DataLoader of a WebLoader)")
@@ -288,7 +342,7 @@ class DataPipeline(IterableDataset):
     def state_dict(self):
         """Where the epoch stands: the batches this pipeline handed out (an ``ExactSamples``
         pipeline, iterated in this process, or a ``WebLoader`` around one)."""
-        source = self._exact_source()
+        source = self._state_source()
         if self.position is not None:
             return source.state(*self.position)
         loader = self.pipeline[0]
@@ -298,7 +352,7 @@ class DataPipeline(IterableDataset):
     def load_state_dict(self, state):
         """Make the next iteration go on from ``state`` (from ``state_dict()``) with exactly the
         batches not yet handed out, in the order they would have come."""
-        self._exact_source().load_state_dict(state)
+        self._state_source().load_state_dict(state)
         self.position = None
 
     def close(self):

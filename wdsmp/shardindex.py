@@ -18,6 +18,7 @@ import posixpath
 from urllib.parse import urlsplit, urlunsplit
 
 from ._atomic import atomic_write
+from .epochplan import shard_table
 from .gopen import gopen, local_path
 
 __all__ = ["read_entries", "read_index", "relative_url", "resolve_url", "shard_counts", "write_atomic",
@@ -105,7 +106,6 @@ def shard_counts(urls, index=None):
     """``[(url, count or None), ...]`` for a loader's ``urls`` argument: a manifest (``.json``),
     a shard spec (brace patterns, ``::`` lists), URLs or ``(url, count)`` pairs; with ``index``
     (a manifest) the counts come from it, and every shard must be in it."""
-    from .fast.plan import shard_table
     from .shardlists import expand_urls
 
     if isinstance(urls, str) and urls.endswith(".json") and index is None:

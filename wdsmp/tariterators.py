@@ -21,8 +21,7 @@ import zlib
 from .gopen import gopen, local_path
 from . import tarformat as _tf
 from .errors import SampleError, TarFormatError
-from ._stages import handle_each
-from .filters import pipelinefilter
+from ._stages import handle_each, pipelinefilter
 from .handlers import reraise_exception
 from .native import tar_splitter_class
 from .shardlists import expand_urls

@@ -1,8 +1,9 @@
-"""Small helpers shared by the pipeline: who am I (node, worker), seeds, stage bases.
+"""webdataset's ``utils`` names, and the small iteration helpers that have no other home.
 
-``pytorch_worker_info`` is the one place that decides which node and which
-DataLoader worker the current process is; the shard splitters and the seeded
-samplers all ask it, so they always agree.
+The rest lives in one module per idea, re-exported here under webdataset's
+names: who am I (``_workerinfo``), seeds (``_seeding``), brace patterns
+(``_braces``), names to objects (``_symbols``), deprecation
+(``_deprecation``).
 
 ``enforce_security`` is read-only here: it reports ``WDS_SECURE`` at the
 moment it is read (webdataset reads it once, at import, into a flag that code
@@ -11,22 +12,16 @@ environment, so a silently ignored assignment would leave a program that
 asked for security without it.
 """
 
-import fnmatch
-import functools
-import glob
-import hashlib
-import importlib
 import itertools
-import re
-import struct
 import sys
 import types
-import warnings
-
-import braceexpand
 
 from . import _env
-from .errors import WdsmpError
+from ._braces import fnmatch_with_braces, glob_with_braces
+from ._deprecation import ObsoleteException, deprecated, obsolete
+from ._seeding import make_seed
+from ._symbols import lookup_sym, safe_eval
+from ._workerinfo import pytorch_worker_info, pytorch_worker_seed
 
 __all__ = [
     "ObsoleteException",
@@ -48,82 +43,6 @@ __all__ = [
     "repeatedly0",
     "safe_eval",
 ]
-
-
-def _distributed_rank_world(group):
-    """(rank, world_size) from torch.distributed when it is initialised, else None."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    if not (dist.is_available() and dist.is_initialized()):
-        return None
-    return dist.get_rank(group=group), dist.get_world_size(group=group)
-
-
-def _dataloader_worker():
-    """(worker, num_workers) inside a DataLoader worker process, else None."""
-    try:
-        from torch.utils.data import get_worker_info
-    except ImportError:
-        return None
-    info = get_worker_info()
-    if info is None:
-        return None
-    return info.id, info.num_workers
-
-
-def pytorch_worker_info(group=None):
-    """``(rank, world_size, worker, num_workers)`` of the calling process.
-
-    Node: torch.distributed when initialised, else ``RANK``/``WORLD_SIZE``
-    (torchrun sets them before the process group exists), else ``(0, 1)``.
-    Worker: the DataLoader's worker info, else ``WORKER``/``NUM_WORKERS``
-    (webdataset's override), else ``(0, 1)``.
-    """
-    node = _distributed_rank_world(group) or _env.rank_world_size() or (0, 1)
-    worker = _dataloader_worker() or _env.worker_num_workers() or (0, 1)
-    return node[0], node[1], worker[0], worker[1]
-
-
-def pytorch_worker_seed(group=None):
-    """A seed distinct per node and worker, and the same on every run (webdataset's formula)."""
-    rank, _, worker, _ = pytorch_worker_info(group=group)
-    return rank * 1000 + worker
-
-
-def _encode(arg):
-    """Bytes that name ``arg`` and its type, the same in every process."""
-    if arg is None:
-        return b"n"
-    if isinstance(arg, bool):
-        return b"t" if arg else b"f"
-    if isinstance(arg, int):
-        return b"i" + str(arg).encode()
-    if isinstance(arg, float):
-        return b"d" + struct.pack("<d", arg)
-    if isinstance(arg, str):
-        return b"s" + arg.encode("utf-8", "surrogatepass")
-    if isinstance(arg, (bytes, bytearray, memoryview)):
-        return b"b" + bytes(arg)
-    if isinstance(arg, (tuple, list)):
-        return b"(" + b"".join(_frame(a) for a in arg) + b")"
-    raise TypeError(f"make_seed: cannot hash {type(arg).__name__} values deterministically")
-
-
-def _frame(arg):
-    data = _encode(arg)
-    return struct.pack("<Q", len(data)) + data
-
-
-def make_seed(*args):
-    """A 31-bit seed from ints, strings, bytes, floats (and tuples of them).
-
-    Unlike webdataset's, it never uses ``hash()``: string hashes are salted
-    per process, so spawned workers would disagree on every seed.
-    """
-    digest = hashlib.blake2b(b"".join(_frame(a) for a in args), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & 0x7FFFFFFF
 
 
 def is_iterable(obj):
@@ -184,110 +103,6 @@ def repeatedly(source, nepochs=None, nbatches=None, nsamples=None, batchsize=gue
         epoch += 1
 
 
-# -- patterns with braces
-
-
-def _expand_braces(pattern):
-    try:
-        return list(braceexpand.braceexpand(pattern))
-    except braceexpand.UnbalancedBracesError as exn:
-        raise ValueError(f"unbalanced braces in pattern {pattern!r}") from exn
-
-
-def glob_with_braces(pattern):
-    """Files matching a glob pattern that may hold braces (``"d/*.{tar,tgz}"``), which glob lacks.
-
-    Each alternative's matches are sorted (webdataset leaves them in directory
-    order), so the result is the same on every machine.
-    """
-    return [name for alternative in _expand_braces(pattern) for name in sorted(glob.glob(alternative))]
-
-
-def fnmatch_with_braces(filename, pattern):
-    """Whether ``filename`` matches a shell pattern that may hold braces."""
-    return any(fnmatch.fnmatch(filename, alternative) for alternative in _expand_braces(pattern))
-
-
-# -- names to objects
-
-
-def lookup_sym(sym, modules):
-    """Attribute ``sym`` of the first module in ``modules`` that has it (not None), else None.
-
-    Relative module names (``".filters"``) are taken inside wdsmp, as
-    webdataset takes them inside webdataset.
-    """
-    for name in modules:
-        result = getattr(importlib.import_module(name, package=__package__), sym, None)
-        if result is not None:
-            return result
-    return None
-
-
-_SAFE_WORD = re.compile(r"[A-Za-z0-9_]*")
-# Pure constructors and arithmetic: all an expression template may call.
-_SAFE_BUILTINS = {f.__name__: f for f in (abs, bool, complex, dict, float, frozenset, int, len, list,
-                                           max, min, round, set, str, tuple)}
-
-
-def safe_eval(s, expr="{}"):
-    """Evaluate ``expr`` with ``s`` put in its ``{}``, where ``s`` may come from data.
-
-    ``s`` must be letters, digits and underscores (else ValueError), so it can
-    only add a number or a name to the template. The expression sees no module
-    globals and only a few pure builtins (``int``, ``float``, ``str``,
-    ``tuple``, ...): a name in ``s`` cannot reach ``os``, ``open`` or
-    ``__import__``. webdataset evaluates in its module's globals instead.
-    """
-    if not isinstance(s, str) or not _SAFE_WORD.fullmatch(s):
-        raise ValueError(f"safe_eval: {s!r} may only hold letters, digits and underscores")
-    if "__" in s:
-        raise ValueError(f"safe_eval: {s!r} may not hold a double underscore")
-    return eval(expr.format(s), {"__builtins__": _SAFE_BUILTINS}, {})  # noqa: S307 (restricted above)
-
-
-# -- deprecation
-
-
-def deprecated(arg=None):
-    """Decorator: calls warn with a DeprecationWarning; ``@deprecated`` or ``@deprecated("reason")``."""
-    reason = None if callable(arg) else arg
-
-    def decorator(func):
-        @functools.wraps(func)
-        def wrapper(*args, **kw):
-            message = f"Call to deprecated function {func.__name__}."
-            if reason is not None:
-                message += f" Reason: {reason}"
-            warnings.warn(message, DeprecationWarning, stacklevel=2)
-            return func(*args, **kw)
-
-        return wrapper
-
-    return decorator(arg) if callable(arg) else decorator
-
-
-class ObsoleteException(WdsmpError):
-    """A function marked ``@obsolete`` was called without ``ALLOW_OBSOLETE=1``."""
-
-
-def obsolete(func=None, *, reason=None):
-    """Decorator: calls raise ObsoleteException unless the environment has ``ALLOW_OBSOLETE=1``."""
-    if func is None:
-        return functools.partial(obsolete, reason=reason)
-
-    @functools.wraps(func)
-    def wrapper(*args, **kw):
-        if not _env._flag("ALLOW_OBSOLETE"):  # read in _env, like every variable
-            message = f"Call to obsolete function {func.__name__}. Set env ALLOW_OBSOLETE=1 to permit."
-            if reason is not None:
-                message += f" Reason: {reason}"
-            raise ObsoleteException(message)
-        return func(*args, **kw)
-
-    return wrapper
-
-
 # -- mixing
 
 
@@ -306,6 +121,11 @@ def compute_sample_weights(n_w_pairs):
 
 
 # -- the security flag, read when it is asked for
+#
+# A module-level __getattr__ (PEP 562) would serve the reads, but not the assignment: that
+# would store a plain attribute which then shadows __getattr__, so the program would believe
+# it had set the flag. Setting the module's __class__ to a ModuleType subclass is the way
+# the language reference gives for customising attribute assignment on a module.
 
 
 class _UtilsModule(types.ModuleType):

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wdsmp.native
-from wdsmp.fast import _imgops_py
+from wdsmp import _imgops_py
 from wdsmp.native import imgops_module
 
 from benchmarks.photos import photo

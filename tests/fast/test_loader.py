@@ -564,9 +564,9 @@ def raise_on_seven(samples):
         yield sample
 
 
-def test_a_failing_stage_ends_the_part_loudly(shards):
+def test_a_failing_stage_ends_the_stream_loudly(shards):
     urls, _, _ = shards
-    with pytest.warns(UserWarning, match="a stage raised ValueError: stage failure; the rest of worker 0's part"):
+    with pytest.warns(UserWarning, match="a stage raised ValueError: stage failure; the rest of stream 0 of epoch 0 in worker 0"):
         with _loader([(urls[0], PER_SHARD)], num_workers=1, shuffle=False, train=False, keys=True,
                      stages=[raise_on_seven], handler=wdsmp.ignore_and_continue) as loader:
             batches = list(loader)

@@ -16,7 +16,7 @@ rm -rf "$dir"
 mkdir -p "$dir"
 dir=$(cd "$dir" && pwd)
 cp -r "$repo/wdsmp" "$repo/src" "$repo/setup.py" "$dir"/
-rm -f "$dir"/wdsmp/*.so "$dir"/src/ext/*.c
+rm -f "$dir"/wdsmp/*.so "$dir"/src/ext/_*.c  # Cython's output, not the C beside the .pyx
 find "$dir" -name __pycache__ -prune -exec rm -rf {} +
 
 gcc -O2 -Wall -fPIC -c "$repo/tests/fuzz/sancov.c" -o "$dir/sancov.o"

@@ -92,7 +92,7 @@ def run(kernel, src, box, shape, flip):
 
 def main():
     argv = list(sys.argv)
-    (native, twin), coverage = fuzzsupport.load_wdsmp(argv, ["_imgops", "fast._imgops_py"])
+    (native, twin), coverage = fuzzsupport.load_wdsmp(argv, ["_imgops", "_imgops_py"])
     if coverage is not None:
         coverage.add(native)
 

@@ -19,7 +19,8 @@ import re
 import subprocess
 import sys
 
-# The .pyx's own functions (Cython mangles in the module name) and its C helpers.
+# The .pyx's own functions (Cython mangles in the module name) and the C beside it
+# (src/ext/imgops_kernels.c, jpegregion.c).
 OWN = re.compile(r"5wdsmp_\d+_(?:tarsplit|imgops|jpegregion)|^imgops_|^jpegregion_")
 FUNCTION = re.compile(r"^([0-9a-f]+) <(.+)>:$")
 INSTRUCTION = re.compile(r"^\s+([0-9a-f]+):\s+(.*)$")

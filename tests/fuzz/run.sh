@@ -13,7 +13,7 @@ shift
 build=${WDSMP_FUZZ_BUILD:-/tmp/wdsmp-fuzz-build}
 
 if [ ! -f "$build/sites.txt" ] || [ -n "$(find "$repo/wdsmp" "$repo/src/ext" "$here/sancov.c" "$here/forward.c" \
-        \( -name '*.py' -o -name '*.pyx' -o -name '*.c' \) -newer "$build/sites.txt" -print -quit)" ]; then
+        \( -name '*.py' -o -name '*.pyx' -o -name '*.c' -o -name '*.h' \) -newer "$build/sites.txt" -print -quit)" ]; then
     "$here/build.sh" "$build"
 fi
 # The ASan runtime is preloaded, after forward.so only (see forward.c: without it atheris

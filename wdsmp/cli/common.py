@@ -16,7 +16,7 @@ from ..shardlists import expand_urls
 __all__ = ["PARTIAL", "Progress", "add_common", "check_output", "die", "distinct_shards", "expand_inputs", "print_json"]
 
 # Prefix of an output being written: hidden, and not matched by `*.tar`; renamed to its own
-# name only when complete (create.py NOTE [failed output], convert.py NOTE [complete outputs]).
+# name only when complete (output.py NOTE [failed output], convert.py NOTE [complete outputs]).
 PARTIAL = ".partial-"
 
 

@@ -18,7 +18,7 @@ import time
 
 from ..filters import shuffle
 from .common import Progress, add_common, die, expand_inputs, print_json
-from .create import Output, add_output_options, check_summary_target, is_pattern, positive_int
+from .output import Output, add_output_options, check_summary_target, is_pattern, positive_int
 from .listing import read_samples
 
 DEFAULT_BUFFER = 1000

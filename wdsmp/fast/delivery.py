@@ -20,12 +20,12 @@ class Progress:
 
     def __init__(self, plan, workers):
         self.epoch, self.workers = plan.epoch, workers
-        # Per stream (a worker's part of the plan; NOTE [plan: exactly once, equal batches]):
-        self.delivered = [part.skip_batches for part in plan.workers]  # taken off the queue
+        # Per stream of the plan (NOTE [plan: exactly once, equal batches]):
+        self.delivered = [stream.skip_batches for stream in plan.streams]  # taken off the queue
         self.handed = list(self.delivered)  # given to the user (``.cuda()`` takes some ahead)
         # Items of each sample stream behind the handed batches (BatchReady.consumed).
-        self.consumed = [part.consumed if part.consumed is not None else part.skip_batches * plan.batch_size
-                         for part in plan.workers]
+        self.consumed = [stream.consumed if stream.consumed is not None else stream.skip_batches * plan.batch_size
+                         for stream in plan.streams]
         self.finished = False  # no more batches will come
         self.complete = False  # ... and all were handed out: ``state_dict`` moves to the next epoch
 
@@ -50,7 +50,7 @@ class EpochIterator:
         self.owner = {s: w for w, mine in enumerate(streams) for s in mine}
         self.progress = Progress(plan, workers)
         self.delivered = self.progress.delivered
-        self.total = [None] * plan.num_workers  # each stream's batch count, once it is done
+        self.total = [None] * plan.num_streams  # each stream's batch count, once it is done
         self.pending = {}
         self.held = None
 

@@ -2,12 +2,12 @@
 straight into shared memory.
 
 The front end of the fast path (DESIGN.md §3): it checks its arguments,
-plans each epoch (``plan.py``), creates the ring (``ring.py``), runs the
+plans each epoch (``epochplan.py``), creates the ring (``ring.py``), runs the
 workers (``worker.py`` in a ``pool.py``), and hands out each slot as tensors
 without copying.
 
 NOTE [loader protocol]
-    * Queues: each worker has a task queue (a ``WorkerPlan`` per epoch, or
+    * Queues: each worker has a task queue (the ``StreamPlan`` tuple of each epoch, or
       ``Stop``) and a queue of its free slots; all workers announce on one
       ready queue (``BatchReady``, ``WorkerDone``, ``WorkerFailed``,
       ``WorkerWarning``: warnings are issued again in the main process). Each
@@ -59,14 +59,14 @@ import sys
 import time
 import weakref
 
-from .. import handlers as _handlers
+from ..epochplan import POLICIES, PlanPosition, plan_epoch, streams_of_workers
+from ..handlers import reraise_exception
 from ..shardindex import shard_counts
 from ..utils import pytorch_worker_info
 from . import pool as _pool
 from .layout import BatchLayout, FieldSpec
 from .delivery import EpochIterator
 from .messages import Stop
-from .plan import POLICIES, PlanPosition, plan_epoch, streams_of_workers
 from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
 from .worker import IMAGES, KEYS, LABELS, DecodeOptions, WorkerConfig, worker_main
 
@@ -200,7 +200,7 @@ class FastLoader:
 
     def __init__(self, urls, batch_size=256, *, num_workers=None, image_size=224, train=True, seed=0,
                  index=None, label="cls", image_keys=IMAGE_KEYS, keys=False, key_length=128, fields=None,
-                 stages=(), handler=_handlers.reraise_exception, shuffle=None, shuffle_buffer=None,
+                 stages=(), handler=reraise_exception, shuffle=None, shuffle_buffer=None,
                  rank=None, world_size=None, policy="drop", resampled=False, epoch_batches=None,
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5, resize_ratio=0.875, dct_scaling=True,
                  channels_first=False, copy=False, prefetch=2, timeout=None, start_method="forkserver",
@@ -296,7 +296,7 @@ class FastLoader:
 
     def plan(self, position=None):
         """This rank's ``EpochPlan`` of epoch ``position`` (default: the next one; or a
-        ``PlanPosition``): what each stream reads (see ``plan.py``). A position counts the
+        ``PlanPosition``): what each stream reads (see ``epochplan.py``). A position counts the
         streams the epoch started with; a new epoch has one per worker."""
         if position is None:
             position = self.epoch
@@ -304,7 +304,7 @@ class FastLoader:
         if isinstance(position, PlanPosition) and position.worker_batches is not None:
             streams = len(position.worker_batches)
         return plan_epoch(self.shards, position, batch_size=self.batch_size, seed=self.seed, rank=self.rank,
-                          world_size=self.world_size, num_workers=streams, policy=self.policy,
+                          world_size=self.world_size, num_streams=streams, policy=self.policy,
                           shuffle=self.shuffle, resampled=self.resampled, epoch_batches=self.epoch_batches)
 
     def set_epoch(self, epoch):
@@ -338,9 +338,9 @@ class FastLoader:
         workers = self._state.workers
         if workers is None or workers.broken:
             workers = self._state.start(self._config, self.num_workers, self.prefetch, self._start_method)
-        streams = streams_of_workers(plan.num_workers, self.num_workers)
+        streams = streams_of_workers(plan.num_streams, self.num_workers)
         for w, mine in enumerate(streams):
-            workers.tasks[w].put(tuple(plan.workers[s] for s in mine))
+            workers.tasks[w].put(tuple(plan.streams[s] for s in mine))
         if self._started is None:
             self._started = time.monotonic()
         iterator = EpochIterator(self, workers, plan, streams)
@@ -353,7 +353,7 @@ class FastLoader:
         settings to go on with exactly the batches not yet seen, also when stages or the
         handler drop samples (each worker's position in its sample stream is part of the
         state), and also with another ``num_workers`` (the epoch's streams are then shared
-        out whole, ``plan.streams_of_workers``), in the order the batches would have come."""
+        out whole, ``epochplan.streams_of_workers``), in the order the batches would have come."""
         progress = self._progress
         if self._resume is not None:
             epoch, delivered, consumed = self._resume.epoch, self._resume.worker_batches, self._resume.worker_consumed

@@ -27,6 +27,20 @@ NOTE [semaphore names]
     and the semaphores stay until reboot. The loader's are therefore named
     ``wdsmp-sem-<pid>-...`` (``named_semaphores``), and ``sweep_semaphores``,
     run by every new loader, unlinks those of processes that no longer exist.
+
+NOTE [CPython internals]
+    multiprocessing offers no public way to read the fork server's preload
+    list or to choose semaphore names, so two functions reach into CPython's
+    private state, and nothing else here does: ``_forkserver_preloads`` reads
+    ``forkserver._forkserver._preload_modules`` (the list
+    ``set_forkserver_preload`` replaces), so that wdsmp adds its worker module
+    to the user's preloads instead of dropping them; ``_process_config``
+    returns ``current_process()._config``, whose ``"semprefix"``
+    ``synchronize.SemLock`` puts before every semaphore name. If CPython
+    renames the first, the user's own preloads are lost (wdsmp still works);
+    if it renames the second, ``named_semaphores`` fails, or names nothing if
+    the key changes, and semaphores leaked by a killed job are no longer
+    swept. tests/fast/test_pool.py checks both against the running Python.
 """
 
 import contextlib
@@ -62,13 +76,17 @@ def context(start_method):
         start_method = "spawn"
     ctx = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
-        from multiprocessing import forkserver
-
-        # Add to the preloads, never replace them: the user may have set their own.
-        preload = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
+        preload = _forkserver_preloads()  # added to, never replaced: the user may have set their own
         if _PRELOAD not in preload:
             ctx.set_forkserver_preload(preload + [_PRELOAD])
     return ctx
+
+
+def _forkserver_preloads():
+    """The modules the fork server imports when it starts (NOTE [CPython internals])."""
+    from multiprocessing import forkserver
+
+    return list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
 
 
 def start_server(ctx):
@@ -85,13 +103,19 @@ def start_server(ctx):
 def named_semaphores():
     """Semaphores made inside (queues, events) named after this process (NOTE [semaphore
     names]); multiprocessing names them from its process's ``semprefix``."""
-    config = multiprocessing.current_process()._config
+    config = _process_config()
     before = config.get("semprefix", "/mp")
     config["semprefix"] = f"/{SEM_PREFIX}{os.getpid()}"
     try:
         yield
     finally:
         config["semprefix"] = before
+
+
+def _process_config():
+    """This process's multiprocessing settings, where SemLock reads ``"semprefix"`` (NOTE [CPython
+    internals])."""
+    return multiprocessing.current_process()._config
 
 
 def sweep_semaphores(directory=_SEM_DIR):

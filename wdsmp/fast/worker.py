@@ -1,8 +1,8 @@
 """The loader's worker process: shards in, decoded batches written into ring slots.
 
 ``worker_main`` runs the reference path's stages (gopen, the tar splitter,
-``group_by_keys``, then the user's own stages) over the worker's part of the
-epoch plan, and writes each sample into a row of a slot: the image decoded,
+``group_by_keys``, then the user's own stages) over the worker's streams of
+the epoch plan, and writes each sample into a row of a slot: the image decoded,
 cropped, resized and flipped natively in place, the label, the key and any
 declared fixed-shape field. Only slot indices and small messages travel back
 (``messages.py``); see NOTE [loader protocol] in ``loader.py``.
@@ -32,7 +32,7 @@ from typing import Callable, Optional, Tuple, Union
 import numpy as np
 
 from ..errors import SampleError, WdsmpError
-from ..exact import buffer_shuffled, read_ranges
+from ..ranges import buffer_shuffled, read_ranges
 from ..utils import make_seed
 from .imagedecode import decode_into
 from .messages import BatchReady, Stop, WorkerDone, WorkerFailed, WorkerWarning
@@ -87,7 +87,7 @@ class _Stopped(Exception):
 
 
 def worker_main(worker, config, tasks, free, ready, stop):
-    """Serve epochs: take the ``WorkerPlan`` of each stream to run from ``tasks`` (a tuple), fill
+    """Serve epochs: take the ``StreamPlan`` of each stream to run from ``tasks`` (a tuple), fill
     slots taken from ``free``, announce them on ``ready``; until ``Stop``, the ``stop`` event,
     or the loader's death."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
@@ -105,10 +105,10 @@ def worker_main(worker, config, tasks, free, ready, stop):
         return
     try:
         while True:
-            parts = _wait(tasks, stop)
-            if isinstance(parts, Stop):
+            plans = _wait(tasks, stop)
+            if isinstance(plans, Stop):
                 return
-            _run_streams([_Epoch(worker, config, plan, ring, free, ready, stop, where) for plan in parts], ready)
+            _run_streams([_Stream(worker, config, plan, ring, free, ready, stop, where) for plan in plans], ready)
     except _Stopped:
         return
     except BaseException as exn:
@@ -127,7 +127,7 @@ def _run_streams(streams, ready):
     worker per stream delivers them, and holds no slot the loader is not about to take."""
     runs = [(stream, stream.run()) for stream in streams]
     while runs:
-        stream, run = min(runs, key=lambda entry: (entry[0].index, entry[0].plan.worker))
+        stream, run = min(runs, key=lambda entry: (entry[0].index, entry[0].plan.stream))
         try:
             next(run)
         except StopIteration as done:
@@ -174,7 +174,7 @@ def _located(exn, sample):
     return exn
 
 
-class _Epoch:
+class _Stream:
     """One stream of an epoch, run by one worker (NOTE [full batches])."""
 
     def __init__(self, worker, config, plan, ring, free, ready, stop, where):
@@ -198,7 +198,7 @@ class _Epoch:
         """Samples of the plan, through the user's stages, the shuffle buffer and the resume skip."""
         plan, config = self.plan, self.config
         # A buffer reorders, and a position may count what stages and the handler dropped: then
-        # resume by replaying the region and dropping what was consumed (plan.py's NOTE).
+        # resume by replaying the stream and dropping what was consumed (epochplan.py's NOTE).
         replay = config.shuffle_buffer > 1 or plan.consumed is not None
         samples = self._read(plan.shards(resume=not replay))
         for stage in config.stages:
@@ -230,10 +230,10 @@ class _Epoch:
                 sample = next(source, None)
                 self.taken += sample is not None
             except Exception as exn:
-                # Stages are generators: one that raised has ended, and the rest of this part with it.
+                # Stages are generators: one that raised has ended, and the rest of this stream with it.
                 if self._handle(exn):
-                    warnings.warn(f"a stage raised {type(exn).__name__}: {exn}; the rest of worker "
-                                  f"{self.worker}'s part of epoch {plan.epoch} is lost (after {self.samples} "
+                    warnings.warn(f"a stage raised {type(exn).__name__}: {exn}; the rest of stream "
+                                  f"{plan.stream} of epoch {plan.epoch} in worker {self.worker} is lost (after {self.samples} "
                                   f"samples): a stage must handle its own errors to skip single samples")
                 break
             if sample is None:
@@ -266,7 +266,7 @@ class _Epoch:
                 self._pad(arrays, rows)
                 slot, rows = self._publish(slot, arrays, size), 0
                 yield
-        return WorkerDone(self.worker, plan.epoch, self.index, self.samples, self.skipped, self.padded, plan.worker)
+        return WorkerDone(self.worker, plan.epoch, self.index, self.samples, self.skipped, self.padded, plan.stream)
 
     def _take_slot(self):
         slot = _wait(self.free, self.stop)
@@ -276,7 +276,7 @@ class _Epoch:
         """Announce the slot as batch ``self.index`` and count it; None (no slot in hand)."""
         if count == self.batch_size:  # what _pad repeats once no row of the next slot is filled
             self.last_good = {name: array[-1].copy() for name, array in arrays.items()}
-        self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, self.index, count, self.taken, self.plan.worker))
+        self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, self.index, count, self.taken, self.plan.stream))
         self.index += 1
 
     def _pad(self, arrays, rows):
@@ -288,7 +288,7 @@ class _Epoch:
             self.padded += self.batch_size - rows
             return
         if self.last_good is None:
-            raise WdsmpError(f"worker {self.worker} read no usable sample in its part of epoch {self.plan.epoch}, "
+            raise WdsmpError(f"worker {self.worker} read no usable sample in stream {self.plan.stream} of epoch {self.plan.epoch}, "
                              f"so it cannot fill its {self.plan.num_batches - self.plan.skip_batches} batches "
                              f"({self.skipped} samples skipped by the handler)")
         for name, row in self.last_good.items():

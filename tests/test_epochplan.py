@@ -1,4 +1,4 @@
-"""The epoch plan: exactly once across ranks and workers, equal batches per rank, determinism, resume."""
+"""The epoch plan: exactly once across ranks and streams, equal batches per rank, determinism, resume."""
 
 import pickle
 from itertools import islice
@@ -7,13 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wdsmp.fast.plan import POLICIES, PlanPosition, plan_epoch, round_robin_share, shard_order
+from wdsmp.epochplan import POLICIES, PlanPosition, plan_epoch, round_robin_share, shard_order
 
 SETTINGS = settings(max_examples=150, deadline=None)
 counts_st = st.lists(st.integers(0, 30), min_size=1, max_size=10)
 config_st = st.fixed_dictionaries({
     "world_size": st.integers(1, 4),
-    "num_workers": st.integers(1, 4),
+    "num_streams": st.integers(1, 4),
     "batch_size": st.integers(1, 8),
     "policy": st.sampled_from(POLICIES),
     "seed": st.integers(0, 2**40),
@@ -44,13 +44,13 @@ def budget(total, config):
 def delivered(plan, resume=True):
     """The rank's batches in delivery order, as ``{index: samples}`` (known counts)."""
     batches = {}
-    for worker in plan.workers:
-        stream = samples(worker.shards(resume))
-        first = worker.skip_batches if resume else 0
+    for stream in plan.streams:
+        read = samples(stream.shards(resume))
+        first = stream.skip_batches if resume else 0
         size = plan.batch_size
-        for j in range(worker.num_batches - first):
-            batches[worker.worker + (first + j) * plan.num_workers] = stream[j * size:(j + 1) * size]
-        assert len(stream) == (worker.num_batches - first) * size
+        for j in range(stream.num_batches - first):
+            batches[stream.stream + (first + j) * plan.num_streams] = read[j * size:(j + 1) * size]
+        assert len(read) == (stream.num_batches - first) * size
     return batches
 
 
@@ -79,7 +79,7 @@ def test_every_sample_is_read_exactly_once_and_ranks_get_equal_batches(counts, c
     total, world, size = sum(counts), config["world_size"], config["batch_size"]
     per_rank = budget(total, config)
     everything = [(shard, i) for shard, count in enumerate(counts) for i in range(count)]
-    read = [s for plan in plans for worker in plan.workers for s in samples(worker.ranges)]
+    read = [s for plan in plans for stream in plan.streams for s in samples(stream.ranges)]
     real = [(shard, i) for shard, i, pad in read if not pad]
     padding = [(shard, i) for shard, i, pad in read if pad]
     dropped = [(shard, i) for shard, i, _ in samples(plans[0].dropped)]
@@ -93,8 +93,8 @@ def test_every_sample_is_read_exactly_once_and_ranks_get_equal_batches(counts, c
     for plan in plans:
         assert plan.mode == "samples" and plan.batches_per_rank == per_rank // size == plan.remaining
         assert plan.dropped == plans[0].dropped and plan.order == plans[0].order
-        assert [w.num_batches for w in plan.workers] == list(round_robin_share(per_rank // size,
-                                                                               config["num_workers"]))
+        assert [w.num_batches for w in plan.streams] == list(round_robin_share(per_rank // size,
+                                                                               config["num_streams"]))
         assert sorted(delivered(plan)) == list(range(plan.batches_per_rank))
         assert all(len(batch) == size for batch in delivered(plan).values())
 
@@ -102,9 +102,9 @@ def test_every_sample_is_read_exactly_once_and_ranks_get_equal_batches(counts, c
 @pytest.mark.parametrize("policy", POLICIES)
 def test_two_ranks_of_two_workers_partition_the_samples(policy):
     counts = [7, 3, 11, 0, 5, 9]  # 35 samples
-    plans = rank_plans(table(counts), 1, world_size=2, num_workers=2, batch_size=4, seed=3, policy=policy)
+    plans = rank_plans(table(counts), 1, world_size=2, num_streams=2, batch_size=4, seed=3, policy=policy)
     assert [p.batches_per_rank for p in plans] == ([4, 4] if policy == "drop" else [5, 5])
-    regions = [set(samples(w.ranges)) for p in plans for w in p.workers]
+    regions = [set(samples(w.ranges)) for p in plans for w in p.streams]
     for a in range(len(regions)):
         for b in range(a + 1, len(regions)):
             assert not {s[:2] for s in regions[a] if not s[2]} & {s[:2] for s in regions[b] if not s[2]}
@@ -115,17 +115,17 @@ def test_two_ranks_of_two_workers_partition_the_samples(policy):
 
 
 def test_a_shard_may_be_split_between_ranks_and_workers():
-    plans = rank_plans([("a.tar", 10)], world_size=2, num_workers=2, batch_size=2, policy="drop")
-    ranges = [[(r.url, r.start, r.stop) for r in w.ranges] for p in plans for w in p.workers]
+    plans = rank_plans([("a.tar", 10)], world_size=2, num_streams=2, batch_size=2, policy="drop")
+    ranges = [[(r.url, r.start, r.stop) for r in w.ranges] for p in plans for w in p.streams]
     assert ranges == [[("a.tar", 0, 2)], [("a.tar", 2, 4)], [("a.tar", 4, 6)], [("a.tar", 6, 8)]]
     assert [(r.start, r.stop) for r in plans[0].dropped] == [(8, 10)]
 
 
 def test_pad_repeats_from_the_start_of_the_epoch_order():
-    plans = rank_plans([("a.tar", 5)], world_size=2, num_workers=1, batch_size=2, policy="pad")
-    assert [(r.start, r.stop, r.pad) for r in plans[1].workers[0].ranges] == [(4, 5, False), (0, 3, True)]
-    tiny = rank_plans([("a.tar", 1)], world_size=2, num_workers=1, batch_size=3, policy="pad")
-    assert [(r.start, r.stop, r.pad) for r in tiny[1].workers[0].ranges] == [(0, 1, True)] * 3
+    plans = rank_plans([("a.tar", 5)], world_size=2, num_streams=1, batch_size=2, policy="pad")
+    assert [(r.start, r.stop, r.pad) for r in plans[1].streams[0].ranges] == [(4, 5, False), (0, 3, True)]
+    tiny = rank_plans([("a.tar", 1)], world_size=2, num_streams=1, batch_size=3, policy="pad")
+    assert [(r.start, r.stop, r.pad) for r in tiny[1].streams[0].ranges] == [(0, 1, True)] * 3
 
 
 @SETTINGS
@@ -140,14 +140,14 @@ def test_resume_yields_exactly_the_remainder(counts, config, epoch, data):
     batches = delivered(full)
     assert delivered(resumed) == {i: batches[i] for i in range(done, full.batches_per_rank)}
     assert resumed.remaining == full.batches_per_rank - done and resumed.batches_done == done
-    assert [w.skip_batches for w in resumed.workers] == list(round_robin_share(done, config["num_workers"]))
-    assert delivered(resumed, resume=False) == batches  # a replaying worker sees its whole region
-    with_counts = PlanPosition(epoch, done, round_robin_share(done, config["num_workers"]))
+    assert [w.skip_batches for w in resumed.streams] == list(round_robin_share(done, config["num_streams"]))
+    assert delivered(resumed, resume=False) == batches  # a replaying stream sees all of its ranges
+    with_counts = PlanPosition(epoch, done, round_robin_share(done, config["num_streams"]))
     assert plan_epoch(table(counts), with_counts, rank=rank, **config) == resumed
 
 
 def test_resume_at_the_end_of_an_epoch_is_empty_and_past_it_is_an_error():
-    config = dict(batch_size=2, num_workers=2)
+    config = dict(batch_size=2, num_streams=2)
     assert plan_epoch([("a", 8)], PlanPosition(0, 4), **config).remaining == 0
     with pytest.raises(ValueError, match="past the end of the epoch"):
         plan_epoch([("a", 8)], PlanPosition(0, 5), **config)
@@ -159,10 +159,10 @@ def test_resume_at_the_end_of_an_epoch_is_empty_and_past_it_is_an_error():
 
 def test_a_position_may_have_any_split_of_batches_between_streams():
     """After a resume with another worker count, streams advance at their own pace."""
-    config = dict(batch_size=2, num_workers=2)
+    config = dict(batch_size=2, num_streams=2)
     plan = plan_epoch([("a", 8)], PlanPosition(0, 2, (2, 0)), **config)
-    assert [w.skip_batches for w in plan.workers] == [2, 0] and plan.remaining == 2
-    assert [list(w.shards()) for w in plan.workers] == [[], list(plan.workers[1].ranges)]
+    assert [w.skip_batches for w in plan.streams] == [2, 0] and plan.remaining == 2
+    assert [list(w.shards()) for w in plan.streams] == [[], list(plan.streams[1].ranges)]
 
 
 # -- determinism
@@ -176,7 +176,7 @@ def test_plans_are_deterministic_and_pickle(counts, config, epoch):
     first = plan_epoch(table(counts), epoch, **config)
     assert plan_epoch(table(counts), epoch, **config) == first
     assert pickle.loads(pickle.dumps(first)) == first
-    assert len({w.seed for w in first.workers}) == config["num_workers"]
+    assert len({w.seed for w in first.streams}) == config["num_streams"]
 
 
 def test_the_order_changes_with_epoch_and_seed_only():
@@ -204,65 +204,65 @@ def test_unknown_counts_fall_back_to_whole_shards(nshards, config, epoch):
         return
     plans = rank_plans(urls, epoch, **config)
     per_rank = nshards // world if config["policy"] == "drop" else -(-nshards // world)
-    assigned = [(r.shard, r.pad) for p in plans for w in p.workers for r in w.ranges]
+    assigned = [(r.shard, r.pad) for p in plans for w in p.streams for r in w.ranges]
     real = [shard for shard, pad in assigned if not pad]
     assert sorted(real + [r.shard for r in plans[0].dropped]) == list(range(nshards))
     assert len(assigned) == world * per_rank
     for plan in plans:
         assert plan.mode == "shards" and plan.batches_per_rank is None and plan.remaining is None
-        sizes = [len(w.ranges) for w in plan.workers]
+        sizes = [len(w.ranges) for w in plan.streams]
         assert sum(sizes) == per_rank and max(sizes) - min(sizes) <= 1
-        assert all(r.start == 0 and r.stop is None and r.url == urls[r.shard] for w in plan.workers for r in w.ranges)
-        assert all(w.num_batches is None and w.discard == 0 for w in plan.workers)
+        assert all(r.start == 0 and r.stop is None and r.url == urls[r.shard] for w in plan.streams for r in w.ranges)
+        assert all(w.num_batches is None and w.discard == 0 for w in plan.streams)
 
 
 def test_unknown_counts_resume_needs_worker_batches():
     urls = ["a.tar", "b.tar", "c.tar"]
     with pytest.raises(ValueError, match="needs the position's worker_batches"):
-        plan_epoch(urls, PlanPosition(0, 5), batch_size=4, num_workers=2)
+        plan_epoch(urls, PlanPosition(0, 5), batch_size=4, num_streams=2)
     with pytest.raises(ValueError, match="worker_batches for 3 workers, the plan has 2"):
-        plan_epoch(urls, PlanPosition(0, 5, (2, 2, 1)), batch_size=4, num_workers=2)
-    plan = plan_epoch(urls, PlanPosition(0, 5, (4, 1)), batch_size=4, num_workers=2)
-    assert [(w.skip_batches, w.discard) for w in plan.workers] == [(4, 16), (1, 4)]
-    assert [list(w.shards()) for w in plan.workers] == [list(w.ranges) for w in plan.workers]
+        plan_epoch(urls, PlanPosition(0, 5, (2, 2, 1)), batch_size=4, num_streams=2)
+    plan = plan_epoch(urls, PlanPosition(0, 5, (4, 1)), batch_size=4, num_streams=2)
+    assert [(w.skip_batches, w.discard) for w in plan.streams] == [(4, 16), (1, 4)]
+    assert [list(w.shards()) for w in plan.streams] == [list(w.ranges) for w in plan.streams]
 
 
 def test_some_unknown_counts_mean_whole_shards_with_the_known_stops():
     plan = plan_epoch([("a.tar", 4), "b.tar"], batch_size=2, shuffle=False)
     assert plan.mode == "shards"
-    assert [(r.url, r.stop) for r in plan.workers[0].ranges] == [("a.tar", 4), ("b.tar", None)]
+    assert [(r.url, r.stop) for r in plan.streams[0].ranges] == [("a.tar", 4), ("b.tar", None)]
 
 
 # -- resampled mode
 
 
 def resampled(position=0, counts=(5, 0, 7, 3), **kw):
-    config = dict(batch_size=4, seed=11, num_workers=2, world_size=2, resampled=True, epoch_batches=9)
+    config = dict(batch_size=4, seed=11, num_streams=2, world_size=2, resampled=True, epoch_batches=9)
     config.update(kw)
     return plan_epoch(table(list(counts)), position, **config)
 
 
-def draws(worker, n=40):
-    return [(r.shard, r.start) for r in islice(worker.shards(), n)]
+def draws(stream, n=40):
+    return [(r.shard, r.start) for r in islice(stream.shards(), n)]
 
 
 def test_resampled_draws_are_deterministic_per_seed_epoch_rank_worker():
     plan = resampled()
     assert plan.mode == "resampled" and plan.batches_per_rank == 9 and plan.order == ()
-    assert [w.num_batches for w in plan.workers] == [5, 4]
-    reference = draws(plan.workers[0])
-    assert draws(resampled().workers[0]) == reference
-    assert draws(pickle.loads(pickle.dumps(plan)).workers[0]) == reference
+    assert [w.num_batches for w in plan.streams] == [5, 4]
+    reference = draws(plan.streams[0])
+    assert draws(resampled().streams[0]) == reference
+    assert draws(pickle.loads(pickle.dumps(plan)).streams[0]) == reference
     assert all(shard != 1 for shard, _ in reference)  # empty shards are never handed out
-    others = [resampled().workers[1], resampled(rank=1).workers[0], resampled(1).workers[0],
-              resampled(seed=12).workers[0]]
+    others = [resampled().streams[1], resampled(rank=1).streams[0], resampled(1).streams[0],
+              resampled(seed=12).streams[0]]
     assert all(draws(w) != reference for w in others)
     assert resampled(rank=1).batches_per_rank == 9
 
 
 def test_resampled_resume_skips_the_delivered_samples():
     full, resumed = resampled(), resampled(PlanPosition(0, 5))
-    for before, after in zip(full.workers, resumed.workers):
+    for before, after in zip(full.streams, resumed.streams):
         stream = [s for r in islice(before.shards(), 60) for s in samples([r])]
         skip = after.skip_batches * 4
         assert after.discard == 0 and skip > 0
@@ -271,10 +271,10 @@ def test_resampled_resume_skips_the_delivered_samples():
 
 
 def test_resampled_with_unknown_counts_discards():
-    plan = plan_epoch(["a.tar", "b.tar"], PlanPosition(2, 3), batch_size=4, num_workers=2, resampled=True,
+    plan = plan_epoch(["a.tar", "b.tar"], PlanPosition(2, 3), batch_size=4, num_streams=2, resampled=True,
                       epoch_batches=10)
-    assert [(w.skip_batches, w.discard) for w in plan.workers] == [(2, 8), (1, 4)]
-    assert all(r.start == 0 and r.stop is None for r in islice(plan.workers[0].shards(), 10))
+    assert [(w.skip_batches, w.discard) for w in plan.streams] == [(2, 8), (1, 4)]
+    assert all(r.start == 0 and r.stop is None for r in islice(plan.streams[0].shards(), 10))
 
 
 # -- validation
@@ -292,12 +292,12 @@ def test_resampled_with_unknown_counts_discards():
     (["a"], dict(batch_size=1, world_size=0), "world_size must be an int >= 1"),
     (["a"], dict(batch_size=1, rank=2, world_size=2), "rank 2 is not below world_size 2"),
     (["a"], dict(batch_size=1, rank=-1), "rank must be"),
-    (["a"], dict(batch_size=1, num_workers=0), "num_workers must be an int >= 1"),
+    (["a"], dict(batch_size=1, num_streams=0), "num_streams must be an int >= 1"),
     (["a"], dict(batch_size=1, policy="partial"), "policy must be one of"),
     (["a"], dict(batch_size=1, epoch_batches=5), "applies to resampled=True only"),
     (["a"], dict(batch_size=1, resampled=True), "epoch_batches"),
     ([("a", 0)], dict(batch_size=1, resampled=True, epoch_batches=2), "hold no samples"),
-    (["a"], dict(batch_size=1, resampled=True, epoch_batches=2, num_workers=2,
+    (["a"], dict(batch_size=1, resampled=True, epoch_batches=2, num_streams=2,
                  position=PlanPosition(0, 2, (0, 2))), "do not fit the plan's 2 streams"),
 ])
 def test_bad_arguments(args, kwargs, match):

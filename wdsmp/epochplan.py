@@ -1,8 +1,12 @@
-"""The plan of an epoch: which worker of which rank reads which samples, in what order.
+"""The plan of an epoch: which stream of which rank reads which samples, in what order.
 
-Pure and deterministic: every rank computes the same global plan from the
-same arguments and keeps its own part, so ranks never need to talk, and a
-plan can be rebuilt mid-epoch from a ``PlanPosition``.
+A rank's epoch is cut into streams: a stream is a run of whole batches of
+samples, read front to back with its own seed; the loader runs them in its
+workers (one stream per worker when the epoch starts), ``ExactSamples`` in
+the DataLoader's. Pure and deterministic: every rank computes the same
+global plan from the same arguments and keeps its own streams, so ranks
+never need to talk, and a plan can be rebuilt mid-epoch from a
+``PlanPosition``. FastLoader and ``ExactSamples`` both follow it.
 
 NOTE [plan: exactly once, equal batches]
     * Order. Shards are permuted by ``random.Random(make_seed(seed, epoch))``
@@ -18,44 +22,45 @@ NOTE [plan: exactly once, equal batches]
           extended with world * P - N samples taken again from its start
           (``ShardRange.pad``), as torch's DistributedSampler pads.
       Rank r reads positions [r * P, (r + 1) * P). Ranges split shards at
-      sample granularity: a shard may be shared by two ranks or workers, the
+      sample granularity: a shard may be shared by two ranks or streams, the
       second reading through the first's samples to reach its own.
-    * Workers. A rank's batches are dealt round-robin: batch i comes from
-      worker i % W, as that worker's batch i // W. Each worker owns one
-      contiguous region of the rank's positions, its batches one after the
-      other, so it streams its shards front to back. Regions are disjoint and
-      cover the budget: with the ranks' budgets, every sample of the sequence
-      is read exactly once (drop: except ``dropped``; pad: plus the repeats).
+    * Streams. A rank's batches are dealt round-robin over its S streams:
+      batch i comes from stream i % S, as that stream's batch i // S. Each
+      stream reads one contiguous run of the rank's positions
+      (``StreamPlan.ranges``), its batches one after the other, so it reads
+      its shards front to back. The streams are disjoint and cover the
+      budget: with the ranks' budgets, every sample of the sequence is read
+      exactly once (drop: except ``dropped``; pad: plus the repeats).
     * Delivery order and resume. The loader hands out batches in index order
-      (round robin over workers). After d batches worker w has delivered
-      ``round_robin_share(d, W)[w]`` batches, the first ones of its region, so
+      (round robin over streams). After d batches stream s has delivered
+      ``round_robin_share(d, S)[s]`` batches, its first ones, so
       ``PlanPosition(epoch, d)`` resumes with exactly the rest:
-      ``WorkerPlan.skip_batches`` counts the delivered ones and
-      ``WorkerPlan.shards()`` starts after them. A worker that reorders
-      samples within its region (a shuffle buffer) must instead replay
-      ``shards(resume=False)`` and drop its first ``skip_batches`` batches.
-      Resuming needs the same shards, seed, world size, batch size and
-      policy; a position that carries ``worker_batches`` is checked against
-      ``num_workers``.
-    * Streams. A worker's part is also called a stream: its region read in
-      order, with its own seed. A loader resumed with a different number of
-      workers keeps the epoch's streams (as many as the workers it started
-      with) and gives each worker whole streams (``streams_of_workers``); a
-      worker with several makes their batches interleaved in delivery order.
-      Every stream goes on from where it stood, and the batches come in the
-      order of a run that was never stopped.
+      ``StreamPlan.skip_batches`` counts the delivered ones and
+      ``StreamPlan.shards()`` starts after them. A stream that reorders its
+      samples (a shuffle buffer) must instead replay ``shards(resume=False)``
+      and drop its first ``skip_batches`` batches. Resuming needs the same
+      shards, seed, world size, batch size and policy; a position that
+      carries per-stream counts (``worker_batches``, named for the loader's
+      workers, one per stream when the epoch started) is checked against
+      ``num_streams``.
+    * Workers. A loader resumed with a different number of workers keeps
+      the epoch's streams (as many as the workers it started with) and gives
+      each worker whole streams (``streams_of_workers``); a worker with
+      several makes their batches interleaved in delivery order. Every stream
+      goes on from where it stood, and the batches come in the order of a
+      run that was never stopped.
     * "shards" mode (some count unknown): shard granularity. The epoch's
       order is cut into world equal runs of whole shards: floor(S / world)
       each (drop, the rest in ``dropped``) or ceil(S / world) (pad, repeated
-      shards marked ``pad``); shard j of a rank goes to worker j % W. Every
+      shards marked ``pad``); shard j of a rank goes to stream j % S. Every
       shard is read once, but batch counts are unknown and may differ between
       ranks: for DDP give counts (from an index) or use resampled mode. The
-      loader delivers round robin, skipping workers that are done, so a
-      position needs ``worker_batches`` (what each worker delivered), and a
-      worker reads and drops ``WorkerPlan.discard`` samples before its first
+      loader delivers round robin, skipping streams that are done, so a
+      position needs ``worker_batches`` (what each stream delivered), and a
+      stream reads and drops ``StreamPlan.discard`` samples before its first
       batch.
-    * "resampled" mode: each worker draws shards with replacement, forever,
-      from a generator seeded by (seed, epoch, rank, worker); an epoch is
+    * "resampled" mode: each stream draws shards with replacement, forever,
+      from a generator seeded by (seed, epoch, rank, stream); an epoch is
       ``epoch_batches`` batches per rank, dealt round robin as above. Resume
       skips whole drawn shards by count when counts are known, else discards.
 """
@@ -66,14 +71,14 @@ import random
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
-from ..utils import make_seed
+from .utils import make_seed
 
 __all__ = [
     "POLICIES",
     "EpochPlan",
     "PlanPosition",
     "ShardRange",
-    "WorkerPlan",
+    "StreamPlan",
     "plan_epoch",
     "round_robin_share",
     "shard_order",
@@ -119,11 +124,13 @@ class PlanPosition:
     """Where an epoch stands: ``batches_done`` batches of ``epoch`` delivered on this rank.
 
     ``worker_batches`` (optional in the exact modes, needed in "shards" mode)
-    is how many of them each worker delivered. ``worker_consumed`` (optional)
-    is how many items each worker had taken from its sample stream (after the
-    user's stages and the shuffle buffer) for them: with it a resumed worker
-    replays its region and drops exactly those, so a resume stays exact when
-    stages or the error handler drop samples.
+    is how many of them each stream delivered (the loader's state names them
+    for its workers, one per stream when the epoch started).
+    ``worker_consumed`` (optional) is how many items each stream had taken
+    from its samples (after the user's stages and the shuffle buffer) for
+    them: with it a resumed stream replays its ranges and drops exactly
+    those, so a resume stays exact when stages or the error handler drop
+    samples.
     """
 
     epoch: int
@@ -150,15 +157,15 @@ def _ceil_div(a, b):
     return -(-a // b)
 
 
-def round_robin_share(batches, num_workers):
-    """How many of ``batches`` batches dealt round robin each of ``num_workers`` workers gets."""
-    quotient, remainder = divmod(batches, num_workers)
-    return tuple(quotient + (w < remainder) for w in range(num_workers))
+def round_robin_share(batches, num_streams):
+    """How many of ``batches`` batches dealt round robin each of ``num_streams`` streams gets."""
+    quotient, remainder = divmod(batches, num_streams)
+    return tuple(quotient + (s < remainder) for s in range(num_streams))
 
 
 def streams_of_workers(num_streams, num_workers):
     """The streams each of ``num_workers`` workers runs, one after the other: stream s goes to
-    worker s % num_workers (NOTE [plan: exactly once, equal batches], Streams)."""
+    worker s % num_workers (NOTE [plan: exactly once, equal batches], Workers)."""
     return tuple(tuple(range(w, num_streams, num_workers)) for w in range(num_workers))
 
 
@@ -181,26 +188,27 @@ def _skip(ranges, nsamples):
 
 
 @dataclass(frozen=True)
-class WorkerPlan:
-    """One worker's part of an epoch; picklable, sent to the worker at start.
+class StreamPlan:
+    """One stream of an epoch, number ``stream`` of ``num_streams``; picklable, sent to the
+    worker that runs it.
 
-    ``ranges`` is the worker's whole region of the epoch (empty in resampled
+    ``ranges`` is the stream's whole share of the epoch (empty in resampled
     mode, where ``pool`` holds the ``(url, count)`` pairs to draw from);
     ``num_batches`` the batches it makes in the epoch (None: unknown);
     ``skip_batches`` how many of them were delivered before a resume;
     ``discard`` how many samples it must read and drop before its first batch
     (counts unknown); ``consumed`` (None unless resumed from a position that
     has it) how many items of its sample stream, after stages and shuffling,
-    the delivered batches took: the worker then reads its region from the
-    start and drops exactly those instead. ``seed`` seeds its own randomness
+    the delivered batches took: the stream is then read from the start of its
+    ranges and exactly those are dropped instead. ``seed`` seeds its own randomness
     (shuffle buffers, augmentation). See NOTE [plan: exactly once, equal batches].
     """
 
     mode: str
     epoch: int
     rank: int
-    worker: int
-    num_workers: int
+    stream: int
+    num_streams: int
     batch_size: int
     seed: int
     ranges: Tuple[ShardRange, ...]
@@ -212,7 +220,7 @@ class WorkerPlan:
 
     def shards(self, resume=True):
         """The shard ranges to read, in order; without the delivered batches' samples when they can
-        be skipped by count (``resume=False``: from the start of the region). Infinite in resampled mode."""
+        be skipped by count (``resume=False``: from the start of the stream). Infinite in resampled mode."""
         if self.mode == "resampled":
             return self._draws(resume)
         if resume and self.mode == "samples":
@@ -237,7 +245,7 @@ class WorkerPlan:
 
 @dataclass(frozen=True)
 class EpochPlan:
-    """One rank's plan of one epoch: its workers' parts, and what no rank reads.
+    """One rank's plan of one epoch: its streams, and what no rank reads.
 
     ``batches_per_rank`` is the same on every rank (None in "shards" mode);
     ``order`` is the epoch's shard order, shared by all ranks; ``dropped``
@@ -248,13 +256,13 @@ class EpochPlan:
     epoch: int
     rank: int
     world_size: int
-    num_workers: int
+    num_streams: int
     batch_size: int
     policy: str
     batches_per_rank: Optional[int]
     batches_done: int
     order: Tuple[int, ...]
-    workers: Tuple[WorkerPlan, ...]
+    streams: Tuple[StreamPlan, ...]
     dropped: Tuple[ShardRange, ...]
 
     @property
@@ -305,7 +313,7 @@ def _consumed(position, shares):
     return done
 
 
-def _samples_plan(table, order, position, rank, world, nworkers, bsize, policy):
+def _samples_plan(table, order, position, rank, world, nstreams, bsize, policy):
     entries = [(i, table[i][0], table[i][1]) for i in order]
     cum = [0]
     for _, _, count in entries:
@@ -323,23 +331,23 @@ def _samples_plan(table, order, position, rank, world, nworkers, bsize, policy):
     nbatches = budget // bsize
     if position.batches_done > nbatches:
         raise ValueError(f"position {position} is past the end of the epoch ({nbatches} batches per rank)")
-    shares = round_robin_share(nbatches, nworkers)
+    shares = round_robin_share(nbatches, nstreams)
     done = _consumed(position, shares)
-    regions, start = [], rank * budget
-    for w in range(nworkers):
-        regions.append(_slice(entries, cum, start, start + shares[w] * bsize))
+    ranges, start = [], rank * budget
+    for w in range(nstreams):
+        ranges.append(_slice(entries, cum, start, start + shares[w] * bsize))
         start += shares[w] * bsize
     dropped = _slice(entries, cum, world * budget, total) if world * budget < total else ()
-    return nbatches, shares, done, regions, dropped
+    return nbatches, shares, done, ranges, dropped
 
 
-def _shards_plan(table, order, position, rank, world, nworkers, policy):
+def _shards_plan(table, order, position, rank, world, nstreams, policy):
     if position.batches_done and position.worker_batches is None:
         raise ValueError("resuming an epoch whose sample counts are unknown needs the position's "
                          "worker_batches (what each worker delivered)")
-    if position.worker_batches is not None and len(position.worker_batches) != nworkers:
+    if position.worker_batches is not None and len(position.worker_batches) != nstreams:
         raise ValueError(f"position has worker_batches for {len(position.worker_batches)} workers, "
-                         f"the plan has {nworkers}")
+                         f"the plan has {nstreams} streams")
     nshards = len(order)
     if policy == "drop":
         per_rank = nshards // world
@@ -350,14 +358,14 @@ def _shards_plan(table, order, position, rank, world, nworkers, policy):
         per_rank = _ceil_div(nshards, world)
     sequence = [(i, False) for i in order] + [(order[j % nshards], True) for j in range(per_rank * world - nshards)]
     mine = sequence[rank * per_rank:(rank + 1) * per_rank]
-    regions = [tuple(ShardRange(i, table[i][0], 0, table[i][1], pad) for i, pad in mine[w::nworkers])
-               for w in range(nworkers)]
+    ranges = [tuple(ShardRange(i, table[i][0], 0, table[i][1], pad) for i, pad in mine[w::nstreams])
+               for w in range(nstreams)]
     dropped = tuple(ShardRange(i, table[i][0], 0, table[i][1]) for i, _ in sequence[per_rank * world:])
-    done = position.worker_batches or (0,) * nworkers
-    return regions, dropped, done
+    done = position.worker_batches or (0,) * nstreams
+    return ranges, dropped, done
 
 
-def plan_epoch(shards, position=0, *, batch_size, seed=0, rank=0, world_size=1, num_workers=1,
+def plan_epoch(shards, position=0, *, batch_size, seed=0, rank=0, world_size=1, num_streams=1,
                policy="drop", shuffle=True, resampled=False, epoch_batches=None):
     """This rank's plan of an epoch; see NOTE [plan: exactly once, equal batches].
 
@@ -369,56 +377,56 @@ def plan_epoch(shards, position=0, *, batch_size, seed=0, rank=0, world_size=1, 
     not apply).
     """
     plan = _plan_epoch(shards, position, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
-                       num_workers=num_workers, policy=policy, shuffle=shuffle, resampled=resampled,
+                       num_streams=num_streams, policy=policy, shuffle=shuffle, resampled=resampled,
                        epoch_batches=epoch_batches)
     consumed = position.worker_consumed if isinstance(position, PlanPosition) else None
     if consumed is None:
         return plan
-    if len(consumed) != plan.num_workers:
-        raise ValueError(f"position has worker_consumed for {len(consumed)} workers, the plan has {plan.num_workers}")
-    return replace(plan, workers=tuple(replace(part, consumed=n) for part, n in zip(plan.workers, consumed)))
+    if len(consumed) != plan.num_streams:
+        raise ValueError(f"position has worker_consumed for {len(consumed)} workers, the plan has {plan.num_streams} streams")
+    return replace(plan, streams=tuple(replace(stream, consumed=n) for stream, n in zip(plan.streams, consumed)))
 
 
-def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_workers, policy, shuffle,
+def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_streams, policy, shuffle,
                 resampled, epoch_batches):
     table = shard_table(shards)
     position = position if isinstance(position, PlanPosition) else PlanPosition(position)
     bsize = _index(batch_size, "batch_size", 1)
     world = _index(world_size, "world_size", 1)
     rank = _index(rank, "rank")
-    nworkers = _index(num_workers, "num_workers", 1)
+    nstreams = _index(num_streams, "num_streams", 1)
     if rank >= world:
         raise ValueError(f"rank {rank} is not below world_size {world}")
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
     epoch = position.epoch
     known = all(count is not None for _, count in table)
-    seeds = [make_seed(seed, epoch, rank, w) for w in range(nworkers)]
+    seeds = [make_seed(seed, epoch, rank, w) for w in range(nstreams)]
     if resampled:
         nbatches = _index(epoch_batches, "epoch_batches (needed with resampled=True)", 1)
         if known and sum(count for _, count in table) == 0:
             raise ValueError("the shards hold no samples")
         if position.batches_done > nbatches:
             raise ValueError(f"position {position} is past the end of the epoch ({nbatches} batches per rank)")
-        shares = round_robin_share(nbatches, nworkers)
+        shares = round_robin_share(nbatches, nstreams)
         done = _consumed(position, shares)
-        workers = tuple(WorkerPlan("resampled", epoch, rank, w, nworkers, bsize, seeds[w], (), shares[w], done[w],
-                                   0 if known else done[w] * bsize, table) for w in range(nworkers))
-        return EpochPlan("resampled", epoch, rank, world, nworkers, bsize, policy, nbatches,
-                         position.batches_done, (), workers, ())
+        streams = tuple(StreamPlan("resampled", epoch, rank, w, nstreams, bsize, seeds[w], (), shares[w], done[w],
+                                   0 if known else done[w] * bsize, table) for w in range(nstreams))
+        return EpochPlan("resampled", epoch, rank, world, nstreams, bsize, policy, nbatches,
+                         position.batches_done, (), streams, ())
     if epoch_batches is not None:
         raise ValueError("epoch_batches applies to resampled=True only; "
                          "without resampling an epoch is every shard once")
     order = tuple(shard_order(len(table), seed, epoch, shuffle))
     if known:
-        nbatches, shares, done, regions, dropped = _samples_plan(table, order, position, rank, world,
-                                                                 nworkers, bsize, policy)
-        workers = tuple(WorkerPlan("samples", epoch, rank, w, nworkers, bsize, seeds[w], regions[w], shares[w],
-                                   done[w], 0) for w in range(nworkers))
-        return EpochPlan("samples", epoch, rank, world, nworkers, bsize, policy, nbatches,
-                         position.batches_done, order, workers, dropped)
-    regions, dropped, done = _shards_plan(table, order, position, rank, world, nworkers, policy)
-    workers = tuple(WorkerPlan("shards", epoch, rank, w, nworkers, bsize, seeds[w], regions[w], None,
-                               done[w], done[w] * bsize) for w in range(nworkers))
-    return EpochPlan("shards", epoch, rank, world, nworkers, bsize, policy, None,
-                     position.batches_done, order, workers, dropped)
+        nbatches, shares, done, ranges, dropped = _samples_plan(table, order, position, rank, world,
+                                                                 nstreams, bsize, policy)
+        streams = tuple(StreamPlan("samples", epoch, rank, w, nstreams, bsize, seeds[w], ranges[w], shares[w],
+                                   done[w], 0) for w in range(nstreams))
+        return EpochPlan("samples", epoch, rank, world, nstreams, bsize, policy, nbatches,
+                         position.batches_done, order, streams, dropped)
+    ranges, dropped, done = _shards_plan(table, order, position, rank, world, nstreams, policy)
+    streams = tuple(StreamPlan("shards", epoch, rank, w, nstreams, bsize, seeds[w], ranges[w], None,
+                               done[w], done[w] * bsize) for w in range(nstreams))
+    return EpochPlan("shards", epoch, rank, world, nstreams, bsize, policy, None,
+                     position.batches_done, order, streams, dropped)

@@ -1,0 +1,45 @@
+"""The worker pool's reliance on CPython internals (NOTE [CPython internals]): each test fails,
+naming the internal, on a Python where it is gone, rather than letting wdsmp degrade silently."""
+
+import multiprocessing
+import os
+from multiprocessing import forkserver
+
+import pytest
+
+from wdsmp.fast import pool
+
+
+@pytest.fixture
+def preloads_restored():
+    """The fork server's preload list as it was before the test (context() adds to it)."""
+    server = forkserver._forkserver
+    before = list(getattr(server, "_preload_modules", ["__main__"]))
+    yield
+    server._preload_modules = before
+
+
+@pytest.mark.skipif("forkserver" not in multiprocessing.get_all_start_methods(), reason="no forkserver here")
+def test_forkserver_preloads_are_where_cpython_keeps_them(preloads_restored):
+    server = getattr(forkserver, "_forkserver", None)
+    assert server is not None, "CPython no longer has multiprocessing.forkserver._forkserver"
+    assert isinstance(getattr(server, "_preload_modules", None), list), \
+        "CPython no longer keeps the fork server's preloads in _forkserver._preload_modules"
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["__main__", "json"])
+    pool.context("forkserver")
+    assert server._preload_modules == ["__main__", "json", "wdsmp.fast.worker"]  # the user's kept
+    pool.context("forkserver")
+    assert server._preload_modules.count("wdsmp.fast.worker") == 1
+
+
+def test_semaphore_prefix_is_where_cpython_reads_it():
+    config = getattr(multiprocessing.current_process(), "_config", None)
+    assert isinstance(config, dict) and "semprefix" in config, \
+        "CPython no longer keeps the semaphore name prefix in current_process()._config['semprefix']"
+    before = config["semprefix"]
+    with pool.named_semaphores():
+        lock = multiprocessing.get_context("spawn").Lock()
+    assert config["semprefix"] == before
+    name = lock._semlock.name  # what sweep_semaphores finds in /dev/shm, less "sem."
+    assert name.startswith(f"/{pool.SEM_PREFIX}{os.getpid()}-"), \
+        f"a semaphore made inside named_semaphores() is named {name!r}: SemLock no longer reads semprefix"

@@ -1,0 +1,79 @@
+"""Shard specs to URL lists: ``::`` lists, ``${name}`` variables, braces and local globs.
+
+Every part of wdsmp that takes a shard spec (the shard sources, the fluid
+API, the command line) expands it here, so a spec means the same everywhere.
+"""
+
+import glob
+import os
+import re
+from itertools import islice
+
+from . import _env
+from ._braces import expand_braces
+from .gopen import local_path
+from .utils import is_iterable
+
+__all__ = ["envlookup", "envsubst", "expand_source", "expand_urls"]
+
+# "::" separates shard specs, except inside [...] (an IPv6 host such as [::1]).
+_LIST_SEPARATOR = re.compile(r"::(?![^\[]*\])")
+_VARIABLE = re.compile(r"\$\{(\w+)\}")
+
+
+def envlookup(match):
+    """The value of ``WDS_<name>`` for a ``${name}`` regex match; ValueError when it is unset."""
+    value = _env.wds_variable(match.group(1))
+    if value is None:
+        raise ValueError(f"shard spec uses ${{{match.group(1)}}} but WDS_{match.group(1)} is not set")
+    return value
+
+
+def envsubst(spec):
+    """Replace ``${name}`` with the environment variable ``WDS_name`` (webdataset's rule)."""
+    for _ in range(10):  # values may name further variables; bounded, so no cycles
+        expanded = _VARIABLE.sub(envlookup, spec)
+        if expanded == spec:
+            break
+        spec = expanded
+    return spec
+
+
+def _globbed(url):
+    """A local glob pattern becomes the sorted files it matches; anything else stays."""
+    if "{" in url or local_path(url) != url or not glob.has_magic(url) or os.path.exists(url):
+        return [url]  # a URL with a scheme, an escaped brace, or a literal file name
+    matches = sorted(glob.glob(url))
+    if not matches:
+        raise ValueError(f"shard pattern {url!r} matches no files")
+    return matches
+
+
+def expand_urls(urls):
+    """A shard spec to a list of URLs.
+
+    A string is split at ``::``, gets ``${name}`` replaced by ``WDS_name`` and
+    is brace-expanded (``"a-{000..009}.tar::b-{0..3}.tar"``); each element of a
+    list is brace-expanded. Local paths with ``*``, ``?`` or ``[...]`` are then
+    globbed, sorted; a pattern matching nothing is a ValueError.
+    """
+    if isinstance(urls, (str, os.PathLike)):
+        specs = [envsubst(s) for s in _LIST_SEPARATOR.split(os.fspath(urls))]
+    else:
+        specs = [os.fspath(u) if isinstance(u, os.PathLike) else u for u in urls]
+    result = []
+    for spec in specs:
+        if not isinstance(spec, str):
+            raise TypeError(f"shard URLs must be strings, not {type(spec).__name__}: {spec!r}")
+        for url in expand_braces(spec, "shard spec"):
+            result.extend(_globbed(url))
+    return result
+
+
+def expand_source(source, max_urls=int(1e9)):
+    """A spec (string or list, see ``expand_urls``) or any iterable of URLs to a list."""
+    if isinstance(source, (str, os.PathLike, list, tuple)):
+        return expand_urls(source)
+    if is_iterable(source):
+        return expand_urls(list(islice(source, max_urls)))
+    raise TypeError(f"cannot make shard URLs from {type(source).__name__}: {source!r}")
