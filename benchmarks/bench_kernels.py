@@ -30,24 +30,9 @@ from wdsmp import _imgops_py
 from wdsmp.fast.imagedecode import decode_into
 from wdsmp.native import imgops_module, jpeg_region_available, native_available
 
+from photos import photo  # beside this script
+
 OUT = (224, 224)
-
-
-def photo(height, width, seed=0):
-    """Photograph-like pixels: 1/f noise in three octaves, a few hard-edged discs, grain."""
-    rng = np.random.default_rng(seed)
-    image = np.zeros((height, width, 3))
-    for cell in (64, 16, 4):
-        small = rng.random((height // cell + 2, width // cell + 2, 3))
-        image += cell * np.asarray(PIL.Image.fromarray((small * 255).astype(np.uint8)).resize(
-            (width, height), PIL.Image.BICUBIC), dtype=np.float64)
-    image = image / image.max() * 200
-    yy, xx = np.mgrid[:height, :width]
-    for _ in range(4):
-        cy, cx, r = rng.random() * height, rng.random() * width, rng.random() * min(height, width) / 3
-        image[(yy - cy) ** 2 + (xx - cx) ** 2 < r * r] = rng.random(3) * 255
-    image += rng.normal(0, 4, image.shape)
-    return np.clip(image, 0, 255).astype(np.uint8)
 
 
 def jpeg_bytes(pixels, quality=95):

@@ -42,6 +42,7 @@ import sys
 import time
 import warnings
 
+from ._atomic import put_in_place, remove_if_present
 from .gopen import gopen
 
 __all__ = [
@@ -50,8 +51,6 @@ __all__ = [
     "EntryLock",
     "claim",
     "fetch",
-    "fsync_directory",
-    "remove_if_present",
     "say",
     "sweep",
     "temp_beside",
@@ -73,33 +72,11 @@ def warn(message):
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def remove_if_present(path):
-    try:
-        os.remove(path)
-    except FileNotFoundError:
-        pass
-
-
 def temp_beside(path):
     """A new name for a hidden temp in ``path``'s directory: ``.<name>.<pid>.<random>.tmp``
     (NOTE [cache entry] (tee)), which the sweep recognizes."""
     directory, name = os.path.split(path)
     return os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-
-
-def fsync_directory(directory):
-    """Make a rename in ``directory`` durable where the filesystem can (best effort: the
-    rename itself has happened either way)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems cannot sync a directory
-    finally:
-        os.close(fd)
 
 
 # Locks.
@@ -384,8 +361,7 @@ def _add_entry(url, path, temp, lock, *, cache_dir, cache_size, validate, verbos
         if not sweep(cache_dir, cache_size, size, verbose=verbose):
             warn(f"not caching {url}: the cache at {cache_dir} is full of files in use")
             return
-        os.replace(temp, path)
-        fsync_directory(os.path.dirname(path))
+        put_in_place(temp, path)
         if verbose:
             say(f"[done caching {path}]")
     except OSError as exn:

@@ -9,6 +9,7 @@ import time
 from torch.utils.data import IterableDataset
 
 from ._braces import glob_with_braces
+from ._process import pid_alive
 
 __all__ = ["DirectoryShardList", "check_pid_is_running", "get_pid_from_filename", "without_last_extension"]
 
@@ -17,17 +18,9 @@ def check_pid_is_running(pid):
     """Whether process ``pid`` exists (on this machine).
 
     A process of another user counts as running (webdataset says it is not,
-    and would recycle the shard that process is reading).
+    and would recycle the shard that process is reading); a zombie does not.
     """
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
+    return pid_alive(pid)
 
 
 def without_last_extension(fname):

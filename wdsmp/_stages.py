@@ -6,7 +6,8 @@ Kept apart from :mod:`wdsmp.filters` so that every module holding stages
 
 NOTE [stage errors]: a stage that runs user code (``map``, ``select``,
 ``map_dict``, ...) passes each exception to its ``handler``: True skips the
-item, False ends the stream, raising stops everything. Before that, the
+item, False ends the stream, raising stops everything (``handle_each`` is
+that loop, for every stage and shard reader). Before that, the
 exception gets a note (``add_note``) naming the stage, the sample's
 ``__key__`` and ``__url__`` and the field, keeping its type and message
 (wdsmp's own errors, which name the shard and member already, get none). A
@@ -22,6 +23,7 @@ __all__ = [
     "FilterFunction",
     "RestCurried",
     "add_note",
+    "handle_each",
     "handled",
     "need_dict",
     "pipelinefilter",
@@ -91,6 +93,27 @@ def handled(exn, handler, stage, item, field=None):
             where.append(field)
         add_note(exn, ", ".join(where))
     return handler(exn)
+
+
+def handle_each(data, step, handler, stage=None, where=None):
+    """What ``step(item)`` yields, for each item of ``data``, under NOTE [stage errors].
+
+    ``step`` is a generator function, so an item may give no output (a dropped
+    sample), one, or many (a shard's members). An exception goes to ``handler``:
+    True skips to the next item, False ends the stream. ``stage`` names the stage
+    in the exception's note (None: no note, for errors that name their shard);
+    ``where()``, if given, names the part of the item that failed.
+    """
+    for item in data:
+        try:
+            yield from step(item)
+        except Exception as exn:
+            if stage is None:
+                go_on = handler(exn)
+            else:
+                go_on = handled(exn, handler, stage, item, where and where())
+            if not go_on:
+                break
 
 
 def sample_error(stage, problem, sample):

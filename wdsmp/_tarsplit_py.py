@@ -5,32 +5,7 @@ when the extension is not built. Cold paths are shared through ``tarformat``.
 """
 
 from . import tarformat as _tf
-from .tarformat import BLOCK
-from .tarformat import MAX_MEMBER_SIZE as _MAX_SIZE
-
-
-def _number(field):
-    """A numeric header field: octal text or GNU base-256; -1 when invalid."""
-    if field[0] & 0x80:
-        if field[0] == 0xFF:
-            return -1
-        value = int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
-        return value if value < _MAX_SIZE else -1
-    text = field.split(b"\0", 1)[0].strip(b" ")
-    if not text:
-        return 0
-    if any(c < 48 or c > 55 for c in text):
-        return -1
-    value = int(text, 8)
-    return value if value <= _MAX_SIZE * 8 else -1
-
-
-def _checksum_ok(header):
-    stored = _number(header[148:156])
-    rest = header[:148] + header[156:]
-    unsigned = sum(rest) + 8 * 32
-    signed = unsigned - 256 * sum(1 for c in rest if c > 127)
-    return stored >= 0 and stored in (unsigned, signed)
+from .tarformat import BLOCK, checksum_ok, header_number
 
 
 def _cstr(field):
@@ -110,11 +85,11 @@ class TarSplitter:
             if not any(header):
                 self._done = True
                 break
-            if not _checksum_ok(header):
+            if not checksum_ok(header):
                 if hoff == 0:
                     raise _tf.not_a_tar(self.url, header)
                 raise _tf.bad_checksum(self.url, hoff)
-            size = _number(header[124:136])
+            size = header_number(header[124:136])
             if size < 0:
                 raise _tf.bad_number(self.url, hoff, "size")
             typeflag = header[156:157]

@@ -36,6 +36,7 @@ and it has had holes (CVE-2025-32434).
 
 import functools
 import gzip
+import importlib
 import io
 import json
 import os
@@ -291,7 +292,6 @@ imagespecs = {
 
 _PIL_MODES = {"l": "L", "rgb": "RGB", "rgba": "RGBA"}
 _JPEG_COLORSPACES = {"l": "GRAY", "rgb": "RGB", "rgba": "RGBA"}
-_JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 def _jpeg_pixels(data, mode):
@@ -301,23 +301,13 @@ def _jpeg_pixels(data, mode):
     raises its own errors for garbage), and CMYK/YCCK files, which
     libjpeg-turbo converts to RGB by another formula than Pillow's.
     """
-    if not data.startswith(_JPEG_MAGIC):
+    from .fast.imagedecode import jpeg_size
+
+    if jpeg_size(data) is None:
         return None
     import simplejpeg
 
-    from .fast.imagedecode import MAX_PIXELS, MAX_SIDE
-
     try:
-        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-    except (ValueError, KeyError):  # KeyError: a sampling layout simplejpeg has no name for
-        return None
-    if max(height, width) > MAX_SIDE or height * width > MAX_PIXELS:
-        # A few bytes can claim gigabytes of pixels: refuse before anything is allocated.
-        raise ValueError(f"the JPEG image is {width}x{height} pixels, outside the limits (sides up to "
-                         f"{MAX_SIDE}, at most {MAX_PIXELS} pixels); refusing to decode it")
-    try:
-        if colorspace in ("CMYK", "YCCK"):
-            return None
         pixels = simplejpeg.decode_jpeg(data, colorspace=_JPEG_COLORSPACES[mode])
     except ValueError:
         return None
@@ -399,41 +389,33 @@ _VIDEO_EXTENSIONS = frozenset("mp4 ogv mjpeg avi mov h264 mpg webm wmv".split())
 _AUDIO_EXTENSIONS = frozenset("flac mp3 sox wav m4a ogg wma".split())
 
 
-def _missing(package, extension):
-    return DecodeError(f"decoding a .{extension} field needs {package}, which is not installed "
-                       f"(pip install {package})")
-
-
-def _read_through_file(extension, data, read):
+def _read_with(key, data, extensions, module, reader, **kw):
+    """``module.reader(path, **kw)`` of a field with one of ``extensions``, written to a
+    temporary file (the readers want a path); None for other fields."""
+    extension = key.rpartition(".")[2]
+    if extension not in extensions:
+        return None
+    package = module.partition(".")[0]
+    try:
+        read = getattr(importlib.import_module(module), reader)
+    except ImportError as exn:
+        raise DecodeError(f"decoding a .{extension} field needs {package}, which is not installed "
+                          f"(pip install {package})") from exn
     with tempfile.TemporaryDirectory() as dirname:
         path = os.path.join(dirname, "file." + extension)
         with open(path, "wb") as stream:
             stream.write(data)
-        return read(path)
+        return read(path, **kw)
 
 
 def torch_video(key, data):
     """Video fields (mp4, avi, webm, ...) through ``torchvision.io.read_video``."""
-    extension = key.rpartition(".")[2]
-    if extension not in _VIDEO_EXTENSIONS:
-        return None
-    try:
-        import torchvision.io
-    except ImportError as exn:
-        raise _missing("torchvision", extension) from exn
-    return _read_through_file(extension, data, functools.partial(torchvision.io.read_video, pts_unit="sec"))
+    return _read_with(key, data, _VIDEO_EXTENSIONS, "torchvision.io", "read_video", pts_unit="sec")
 
 
 def torch_audio(key, data):
     """Audio fields (flac, mp3, wav, ...) through ``torchaudio.load``."""
-    extension = key.rpartition(".")[2]
-    if extension not in _AUDIO_EXTENSIONS:
-        return None
-    try:
-        import torchaudio
-    except ImportError as exn:
-        raise _missing("torchaudio", extension) from exn
-    return _read_through_file(extension, data, torchaudio.load)
+    return _read_with(key, data, _AUDIO_EXTENSIONS, "torchaudio", "load")
 
 
 # Continuing and decompressing.

@@ -44,14 +44,13 @@ import time
 import urllib.parse
 
 from . import _env
+from ._atomic import atomic_write
 from ._cacheentry import (
     LOCK_SUFFIX,
     CachedFile,
     EntryLock,
     claim,
     fetch,
-    fsync_directory,
-    remove_if_present,
     say,
     sweep,
     temp_beside,
@@ -62,7 +61,7 @@ from ._stages import pipelinefilter
 from .gopen import gopen, local_path
 from .handlers import reraise_exception
 from .tariterators import group_by_keys, tar_file_expander, tar_file_iterator, url_opener
-from .tarformat import BLOCK, GZIP_MAGIC
+from .tarformat import BLOCK, GZIP_MAGIC, checksum_ok
 
 __all__ = [
     "FileCache",
@@ -194,22 +193,9 @@ def get_filetype(fname):
         return "empty"
     if head[:2] == GZIP_MAGIC:
         return "gzip compressed data"
-    if len(head) == BLOCK and (not any(head) or _header_checksum_ok(head)):
+    if len(head) == BLOCK and (not any(head) or checksum_ok(head)):
         return "POSIX tar archive" if head[257:262] == b"ustar" else "tar archive"
     return "data"
-
-
-def _header_checksum_ok(header):
-    """The stored checksum of a tar header block matches its bytes (signed or unsigned sum)."""
-    field = header[148:156].split(b"\0", 1)[0].strip(b" ")
-    try:
-        stored = int(field, 8)
-    except ValueError:
-        return False
-    rest = header[:148] + header[156:]
-    unsigned = sum(rest) + 8 * 32
-    signed = unsigned - 256 * sum(1 for byte in rest if byte > 127)
-    return stored in (unsigned, signed)
 
 
 def magic_filetype(fname):
@@ -278,26 +264,20 @@ def download(url, dest, chunk_size=1 << 20, verbose=False):
     """Copy ``url`` to the file ``dest``: through a temp beside it, fsynced, renamed at the
     end, so ``dest`` is whole or absent. Errors name ``url``: the source's as gopen
     raises them, a failure to write ``dest`` as a ShardError (an OSError) caused by it."""
-    temp = temp_beside(dest)
     if verbose:
         say(f"[downloading {url} to {dest}]")
     try:
-        with open(temp, "wb") as f, gopen(url) as stream:  # no source started for nothing
+        with atomic_write(dest, temp_beside(dest)) as temp, open(temp, "wb") as f, \
+                gopen(url) as stream:  # no source started for nothing
             while True:
                 data = stream.read(chunk_size)
                 if not data:
                     break
                 f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temp, dest)
-        fsync_directory(os.path.dirname(dest) or ".")
     except WdsmpError:
         raise
     except OSError as exn:
         raise ShardError(f"cannot download to {dest!r}: {exn}", url=url) from exn
-    finally:
-        remove_if_present(temp)
 
 
 # The cache.

@@ -18,6 +18,7 @@ raise ``DecodeError`` naming the shard, the item's index and its byte offset;
 
 import io
 
+from ._stages import handle_each
 from .errors import DecodeError
 from .filters import pipelinefilter
 from .handlers import reraise_exception
@@ -121,17 +122,15 @@ def _msgpack_items(stream, url, chunksize=_CHUNK):
 
 def _items_of_shards(data, items, handler):
     """Items of each opened shard in ``data``; a failing shard goes to ``handler``."""
-    for source in data:
-        url = source.get("url")
+
+    def shard_items(source):
         stream = source["stream"]
         try:
-            yield from items(stream, url)
-        except Exception as exn:
-            if handler(exn):
-                continue
-            break
+            yield from items(stream, source.get("url"))
         finally:
             stream.close()
+
+    return handle_each(data, shard_items, handler)
 
 
 def cbor_iterator(data, handler=reraise_exception):

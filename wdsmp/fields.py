@@ -12,7 +12,7 @@ import pickle
 from fnmatch import fnmatch
 
 from . import _env
-from ._stages import handled, need_dict, pipelinefilter, sample_error
+from ._stages import handle_each, need_dict, pipelinefilter, sample_error
 from .autodecode import imagehandler
 from .handlers import reraise_exception
 from .utils import identity
@@ -102,20 +102,17 @@ def _to_tuple(data, *args, handler=reraise_exception, missing_is_error=True, non
     if len(args) == 1 and isinstance(args[0], str) and " " in args[0]:
         args = args[0].split()
     specs = [_alternatives(a) for a in args]
-    for sample in data:
-        try:
-            need_dict("to_tuple", sample)
-            result = tuple(_first(sample, alts, "to_tuple", missing_is_error) for alts in specs)
-            if none_is_error:
-                for alts, value in zip(specs, result):
-                    if value is None:
-                        raise sample_error("to_tuple", f"field {_spec_text(alts)!r} is None",
-                                            sample)
-        except Exception as exn:
-            if handled(exn, handler, "to_tuple", sample):
-                continue
-            break
+
+    def fields(sample):
+        need_dict("to_tuple", sample)
+        result = tuple(_first(sample, alts, "to_tuple", missing_is_error) for alts in specs)
+        if none_is_error:
+            for alts, value in zip(specs, result):
+                if value is None:
+                    raise sample_error("to_tuple", f"field {_spec_text(alts)!r} is None", sample)
         yield result
+
+    yield from handle_each(data, fields, handler, "to_tuple")
 
 
 to_tuple = pipelinefilter(_to_tuple)
@@ -130,20 +127,15 @@ def _rename(data, handler=reraise_exception, keep=True, **kw):
     """
     specs = {new: _alternatives(old) for new, old in kw.items()}
     replaced = {old for alts in specs.values() for old in alts}
-    for sample in data:
-        try:
-            need_dict("rename", sample)
-            renamed = {new: _first(sample, alts, "rename") for new, alts in specs.items()}
-        except Exception as exn:
-            if handled(exn, handler, "rename", sample):
-                continue
-            break
+
+    def renamed(sample):
+        need_dict("rename", sample)
+        result = {new: _first(sample, alts, "rename") for new, alts in specs.items()}
         if keep:
-            result = {k: v for k, v in sample.items() if k not in replaced}
-            result.update(renamed)
-            yield result
-        else:
-            yield renamed
+            result = {**{k: v for k, v in sample.items() if k not in replaced}, **result}
+        yield result
+
+    yield from handle_each(data, renamed, handler, "rename")
 
 
 rename = pipelinefilter(_rename)
@@ -153,27 +145,23 @@ def _extract_keys(source, *patterns, duplicate_is_error=True, ignore_missing=Fal
                   handler=reraise_exception):
     """Tuples of the fields matching glob ``patterns`` (``"*.jpg;*.png"``; ``.jpg`` matches jpg)."""
     specs = [_alternatives(p) for p in patterns]
-    for sample in source:
+
+    def extracted(sample):
         result = []
-        try:
-            need_dict("extract_keys", sample)
-            for alts in specs:
-                matches = [k for k in sample
-                           if any(fnmatch("." + k, p) or fnmatch(k, p) for p in alts)]
-                if not matches:
-                    if ignore_missing:
-                        continue
-                    raise sample_error("extract_keys", f"no field matches "
-                                        f"{_spec_text(alts)!r}", sample)
-                if len(matches) > 1 and duplicate_is_error:
-                    raise sample_error("extract_keys", f"fields {matches} all match "
-                                        f"{_spec_text(alts)!r}", sample)
-                result.append(sample[matches[0]])
-        except Exception as exn:
-            if handled(exn, handler, "extract_keys", sample):
-                continue
-            break
+        need_dict("extract_keys", sample)
+        for alts in specs:
+            matches = [k for k in sample if any(fnmatch("." + k, p) or fnmatch(k, p) for p in alts)]
+            if not matches:
+                if ignore_missing:
+                    continue
+                raise sample_error("extract_keys", f"no field matches {_spec_text(alts)!r}", sample)
+            if len(matches) > 1 and duplicate_is_error:
+                raise sample_error("extract_keys", f"fields {matches} all match "
+                                   f"{_spec_text(alts)!r}", sample)
+            result.append(sample[matches[0]])
         yield tuple(result)
+
+    yield from handle_each(source, extracted, handler, "extract_keys")
 
 
 extract_keys = pipelinefilter(_extract_keys)
@@ -186,32 +174,29 @@ def _rename_keys(source, *args, keep_unselected=False, must_match=True, duplicat
     renamings = [(pattern, new) for new, pattern in args]
     renamings += [(pattern, new) for new, pattern in kw.items()]
     renamings.reverse()
-    for sample in source:
+
+    def renamed(sample):
         result = {}
         matched = set()
-        try:
-            for path, value in need_dict("rename_keys", sample).items():
-                fname = path.rsplit("/", 1)[-1].lower()
-                new = next(((p, n) for p, n in renamings if fnmatch(fname, p)), None)
-                if new is None:
-                    if keep_unselected:
-                        result[path] = value
-                    continue
-                matched.add(new[0])
-                if new[1] in result:
-                    if duplicate_is_error:
-                        raise sample_error("rename_keys", f"two fields renamed to {new[1]!r}",
-                                            sample)
-                    continue
-                result[new[1]] = value
-            unmatched = [p for p, _ in renamings[::-1] if p not in matched]
-            if must_match and unmatched:
-                raise sample_error("rename_keys", f"no field matches {unmatched}", sample)
-        except Exception as exn:
-            if handled(exn, handler, "rename_keys", sample):
+        for path, value in need_dict("rename_keys", sample).items():
+            fname = path.rsplit("/", 1)[-1].lower()
+            new = next(((p, n) for p, n in renamings if fnmatch(fname, p)), None)
+            if new is None:
+                if keep_unselected:
+                    result[path] = value
                 continue
-            break
+            matched.add(new[0])
+            if new[1] in result:
+                if duplicate_is_error:
+                    raise sample_error("rename_keys", f"two fields renamed to {new[1]!r}", sample)
+                continue
+            result[new[1]] = value
+        unmatched = [p for p, _ in renamings[::-1] if p not in matched]
+        if must_match and unmatched:
+            raise sample_error("rename_keys", f"no field matches {unmatched}", sample)
         yield result
+
+    yield from handle_each(source, renamed, handler, "rename_keys")
 
 
 rename_keys = pipelinefilter(_rename_keys)
@@ -270,30 +255,32 @@ def _xdecode(source, *args, must_decode=True, defaults=default_decoders,
     for _, spec in decoders:
         if isinstance(spec, str) and spec not in images:
             images[spec] = imagehandler(spec)
-    for sample in source:
+    path = None
+
+    def decoded(sample):
+        nonlocal path
         result = {}
         path = None
-        try:
-            for path, data in need_dict("xdecode", sample).items():
-                decoder = identity if path.startswith("__") else find_decoder(decoders, path)
-                if decoder is False or decoder is identity:
-                    result[path] = data
-                elif decoder is None:
-                    if must_decode:
-                        raise sample_error("xdecode", f"no decoder for field {path!r}", sample)
-                    result[path] = data
-                elif isinstance(decoder, str):
-                    result[path] = images[decoder]("." + path, data)
-                    if result[path] is None:
-                        raise ValueError(f"image spec {decoder!r} does not decode {path!r}")
-                else:
-                    result[path] = decoder(io.BytesIO(data) if isinstance(data, bytes) else data)
-        except Exception as exn:
-            where = None if path is None else f"field {path!r}"
-            if handled(exn, handler, "xdecode", sample, where):
-                continue
-            break
+        for path, data in need_dict("xdecode", sample).items():
+            decoder = identity if path.startswith("__") else find_decoder(decoders, path)
+            if decoder is False or decoder is identity:
+                result[path] = data
+            elif decoder is None:
+                if must_decode:
+                    raise sample_error("xdecode", f"no decoder for field {path!r}", sample)
+                result[path] = data
+            elif isinstance(decoder, str):
+                result[path] = images[decoder]("." + path, data)
+                if result[path] is None:
+                    raise ValueError(f"image spec {decoder!r} does not decode {path!r}")
+            else:
+                result[path] = decoder(io.BytesIO(data) if isinstance(data, bytes) else data)
         yield result
+
+    def where():
+        return None if path is None else f"field {path!r}"
+
+    yield from handle_each(source, decoded, handler, "xdecode", where)
 
 
 xdecode = pipelinefilter(_xdecode)

@@ -20,7 +20,7 @@ from ._stages import (
     Curried,
     FilterFunction,
     RestCurried,
-    handled,
+    handle_each,
     need_dict,
     pipelinefilter,
     sample_error,
@@ -287,15 +287,12 @@ slice = pipelinefilter(_slice)
 
 def _select(data, predicate, handler=reraise_exception):
     """Keep the items for which ``predicate(item)`` is true."""
-    for sample in data:
-        try:
-            keep = predicate(sample)
-        except Exception as exn:
-            if handled(exn, handler, "select", sample):
-                continue
-            break
-        if keep:
+
+    def keep(sample):
+        if predicate(sample):
             yield sample
+
+    yield from handle_each(data, keep, handler, "select")
 
 
 select = pipelinefilter(_select)
@@ -303,18 +300,16 @@ select = pipelinefilter(_select)
 
 def _map(data, f, handler=reraise_exception):
     """``f(item)`` for each item; None drops it. A dict result keeps the sample's ``__key__``."""
-    for sample in data:
-        try:
-            result = f(sample)
-        except Exception as exn:
-            if handled(exn, handler, "map", sample):
-                continue
-            break
+
+    def apply(sample):
+        result = f(sample)
         if result is None:
-            continue
+            return
         if isinstance(sample, dict) and isinstance(result, dict):
             result["__key__"] = sample.get("__key__")
         yield result
+
+    yield from handle_each(data, apply, handler, "map")
 
 
 map = pipelinefilter(_map)
@@ -327,19 +322,22 @@ def _map_dict(data, handler=reraise_exception, **kw):
     for field, f in kw.items():
         if not callable(f):
             raise TypeError(f"map_dict: {field}={f!r} is not callable")
-    for sample in data:
+    field = None
+
+    def apply(sample):
+        nonlocal field
         field = None
-        try:
-            result = dict(need_dict("map_dict", sample))
-            for field, f in kw.items():
-                if field not in result:
-                    raise sample_error("map_dict", f"no field {field!r}", result)
-                result[field] = f(result[field])
-        except Exception as exn:
-            if handled(exn, handler, "map_dict", sample, field and f"field {field!r}"):
-                continue
-            break
+        result = dict(need_dict("map_dict", sample))
+        for field, f in kw.items():
+            if field not in result:
+                raise sample_error("map_dict", f"no field {field!r}", result)
+            result[field] = f(result[field])
         yield result
+
+    def where():
+        return field and f"field {field!r}"
+
+    yield from handle_each(data, apply, handler, "map_dict", where)
 
 
 map_dict = pipelinefilter(_map_dict)
@@ -351,21 +349,23 @@ def _map_tuple(data, *args, handler=reraise_exception):
     for i, f in enumerate(fns):
         if not callable(f):
             raise TypeError(f"map_tuple: function {i} ({f!r}) is not callable")
-    for sample in data:
+    i = None
+
+    def apply(sample):
+        nonlocal i
         i = None
-        try:
-            if not isinstance(sample, (list, tuple)):
-                raise TypeError(f"map_tuple needs tuple or list samples, "
-                                f"not {type(sample).__name__}")
-            result = list(sample)
-            for i, f in zip(range(len(result)), fns):
-                result[i] = f(result[i])
-        except Exception as exn:
-            where = None if i is None else f"position {i}"
-            if handled(exn, handler, "map_tuple", sample, where):
-                continue
-            break
+        if not isinstance(sample, (list, tuple)):
+            raise TypeError(f"map_tuple needs tuple or list samples, "
+                            f"not {type(sample).__name__}")
+        result = list(sample)
+        for i, f in zip(range(len(result)), fns):
+            result[i] = f(result[i])
         yield tuple(result)
+
+    def where():
+        return None if i is None else f"position {i}"
+
+    yield from handle_each(data, apply, handler, "map_tuple", where)
 
 
 map_tuple = pipelinefilter(_map_tuple)
@@ -373,18 +373,14 @@ map_tuple = pipelinefilter(_map_tuple)
 
 def _associate(data, associator, handler=reraise_exception):
     """Add ``associator(key)`` (or ``associator.get(key, {})`` for a dict) to each sample."""
-    for sample in data:
-        try:
-            if "__key__" not in need_dict("associate", sample):
-                raise sample_error("associate", "no field '__key__'", sample)
-            key = sample["__key__"]
-            extra = associator(key) if callable(associator) else associator.get(key, {})
-            result = {**sample, **extra}
-        except Exception as exn:
-            if handled(exn, handler, "associate", sample):
-                continue
-            break
-        yield result
+
+    def add(sample):
+        if "__key__" not in need_dict("associate", sample):
+            raise sample_error("associate", "no field '__key__'", sample)
+        key = sample["__key__"]
+        yield {**sample, **(associator(key) if callable(associator) else associator.get(key, {}))}
+
+    yield from handle_each(data, add, handler, "associate")
 
 
 associate = pipelinefilter(_associate)
@@ -401,14 +397,11 @@ def _decode(data, *args, handler=reraise_exception, **kw):
     ``unsafe``).
     """
     decoder = Decoder(list(args), **kw)
-    for sample in data:
-        try:
-            decoded = decoder.decode(need_dict("decode", sample))
-        except Exception as exn:
-            if handled(exn, handler, "decode", sample):
-                continue
-            break
-        yield decoded
+
+    def apply(sample):
+        yield decoder.decode(need_dict("decode", sample))
+
+    yield from handle_each(data, apply, handler, "decode")
 
 
 decode = pipelinefilter(_decode)

@@ -9,7 +9,9 @@ short shard. Writing, a :class:`SpooledUpload` collects the bytes in a spool
 (memory, then a temporary file) and uploads them on ``close()``, so a failed
 upload can be retried from the start and nothing half-written appears remotely.
 
-HTTP goes through urllib3 (already a dependency of botocore), never a shell.
+HTTP goes through urllib3 (already a dependency of botocore), never a shell;
+its ``Retry`` follows redirects and retries a request that fails before a reply
+(backoff, Retry-After), so wdsmp's own loop is only the resume below.
 
 NOTE [resume protocol]: a reader knows ``pos``, the bytes it has delivered
 (bytes of a read that failed midway were never delivered, and are asked for
@@ -17,19 +19,22 @@ again), and, from the first reply, the object's ``size`` (Content-Length of a 20
 the total of a 206's Content-Range) and its ETag. After a transient failure
 (connection reset or refused, read or connect timeout, a body that ends before
 its Content-Length, HTTP 408, 429 or 5xx but 501/505) it waits, doubling the
-delay from ``backoff`` up to ``max_backoff`` (with jitter, and at least a
-server's Retry-After up to ``max_backoff``), and asks for ``Range: bytes=pos-``.
+delay from ``backoff`` up to ``max_backoff`` (with jitter; over HTTP, at least
+a server's Retry-After up to ``max_backoff``, as urllib3's ``Retry`` does it for
+the request), and asks for ``Range: bytes=pos-``.
 The reply must be a 206 whose Content-Range starts at ``pos`` and whose total
 and ETag match the first reply's; a changed size or ETag is an error (the object
 was replaced while being read). A server that ignores Range and answers 200 with
 the whole object is accepted when its size and ETag match: the first ``pos``
 bytes are read and discarded (slow, but correct). ``retries`` bounds the
-failures in a row; every delivered byte resets the count, so a long object over
-a flaky link still finishes while a dead server fails after ``retries`` waits.
+failures in a row (over HTTP, urllib3 counts those before a reply by kind:
+connect, read, status); every delivered byte resets the count, so a long object
+over a flaky link still finishes while a dead server fails after ``retries`` waits.
 End of data is only accepted at ``size`` (or, when no size was given, at the
 server's clean end of the body).
 """
 
+import functools
 import io
 import os
 import random
@@ -37,7 +42,6 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass, fields
-from urllib.parse import urljoin, urlsplit
 
 from .errors import ShardError
 
@@ -59,7 +63,7 @@ _SKIP_CHUNK = 1 << 20
 _REDIRECTS = 10
 _EXCERPT = 300  # characters of an error reply's body quoted in the message
 _CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)", re.IGNORECASE)
-_REDIRECT_STATUSES = (301, 302, 303, 307, 308)
+_TRANSIENT_STATUSES = (408, 429, *(status for status in range(500, 600) if status not in (501, 505)))
 _CROSS_HOST_DROPPED = ("authorization", "cookie", "proxy-authorization")
 
 
@@ -93,20 +97,18 @@ class RemoteOptions:
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in kw.items() if k in names})
 
-    def delay(self, failures, retry_after=None):
+    def delay(self, failures):
         """Seconds to wait after ``failures`` failures in a row (1, 2, ...)."""
-        delay = min(self.max_backoff, self.backoff * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
-        if retry_after is not None:
-            delay = max(delay, min(retry_after, self.max_backoff))
-        return delay
+        return min(self.max_backoff, self.backoff * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
 
 
 class Transient(Exception):
-    """A failure worth retrying (NOTE [resume protocol]); ``retry_after`` is the server's hint."""
+    """A failure worth retrying (NOTE [resume protocol]); ``final`` when it was retried
+    already (by urllib3's ``Retry``) as often as ``retries`` allows."""
 
-    def __init__(self, message, retry_after=None):
+    def __init__(self, message, final=False):
         super().__init__(message)
-        self.retry_after = retry_after
+        self.final = final
 
 
 @dataclass
@@ -206,10 +208,10 @@ class ResumableReader(io.RawIOBase):
     def _wait(self, exn):
         """Count a failure, then sleep before the next try or give up (NOTE [resume protocol])."""
         self._failures += 1
-        if self._failures > self.options.retries:
+        if exn.final or self._failures > self.options.retries:
             at = f" at byte {self.pos} of {self.size}" if self.size is not None else ""
             raise self._error(f"{exn}{at}; gave up after {self.options.retries} retries") from exn
-        time.sleep(self.options.delay(self._failures, exn.retry_after))
+        time.sleep(self.options.delay(self._failures))
 
     def _connect(self):
         while True:
@@ -331,10 +333,10 @@ class SpooledUpload(io.RawIOBase):
                     self._upload(self._spool, size)
                     return
                 except Transient as exn:
-                    if failures > self.options.retries:
+                    if exn.final or failures > self.options.retries:
                         raise ShardError(f"upload failed: {exn}; gave up after {self.options.retries} retries",
                                          url=self.where) from exn
-                    time.sleep(self.options.delay(failures, exn.retry_after))
+                    time.sleep(self.options.delay(failures))
         finally:
             self._spool.close()
             super().close()
@@ -365,13 +367,27 @@ def _pool_manager():
     return _pool[1]
 
 
-def _retry_after(headers):
-    value = headers.get("Retry-After", "").strip()
-    return float(value) if value.isdigit() else None
+def _retry_policy(options, retries):
+    """urllib3's ``Retry`` for one request: ``retries`` tries more after a failure before a
+    reply or a transient status, waiting as ``options`` says (a server's Retry-After too,
+    up to ``max_backoff``), and up to ``_REDIRECTS`` redirects (credentials dropped when
+    one leaves the host)."""
+    return _capped_retry_class()(
+        total=None, connect=retries, read=retries, status=retries, other=0, redirect=_REDIRECTS,
+        allowed_methods=None, status_forcelist=_TRANSIENT_STATUSES, raise_on_status=False,
+        backoff_factor=options.backoff, backoff_max=options.max_backoff, backoff_jitter=options.backoff,
+        remove_headers_on_redirect=_CROSS_HOST_DROPPED)
 
 
-def _transient_status(status):
-    return status in (408, 429) or (status >= 500 and status not in (501, 505))
+@functools.lru_cache(maxsize=None)
+def _capped_retry_class():
+    class CappedRetry(_urllib3().Retry):
+        """``Retry`` that waits no longer for a server's Retry-After than for its own backoff."""
+
+        def parse_retry_after(self, retry_after):
+            return min(super().parse_retry_after(retry_after), self.backoff_max)
+
+    return CappedRetry
 
 
 def _excerpt(response):
@@ -386,43 +402,40 @@ def _excerpt(response):
     return f": {' '.join(text.split())}" if text else ""
 
 
-def _status_error(method, response):
-    return f"{method} failed: HTTP {response.status} {response.reason or ''}".rstrip() + _excerpt(response)
+def _status_error(method, response, where):
+    """The error for a reply of a status that is not success: a final Transient for a
+    transient status (urllib3 retried it while it could), a ShardError otherwise."""
+    message = f"{method} failed: HTTP {response.status} {response.reason or ''}".rstrip() + _excerpt(response)
+    if response.status in _TRANSIENT_STATUSES:
+        return Transient(message, final=True)
+    return ShardError(message, url=where)
 
 
-def _send(method, url, headers, body, options, where):
-    """One HTTP exchange, following redirects; connection failures become :class:`Transient`.
+def _send(method, url, headers, body, options, where, retries):
+    """One HTTP exchange under :func:`_retry_policy`: the reply (of any status).
 
-    ``where`` names the shard in a ShardError. The body (a seekable file) is
-    rewound for each request, so a 307 redirect resends it (AIStore's gateway
-    redirects a PUT to a storage target).
+    A failure before a reply that is still there when the retries run out is a final
+    :class:`Transient`; too many redirects and other failures are ShardErrors naming
+    ``where``. The body (a seekable file) is rewound for each request, so a 307
+    redirect resends it (AIStore's gateway redirects a PUT to a storage target).
     """
     urllib3 = _urllib3()
     errors = urllib3.exceptions
     timeout = urllib3.Timeout(connect=options.connect_timeout, read=options.read_timeout)
-    headers = dict(headers)
-    for _ in range(_REDIRECTS + 1):
-        if body is not None:
-            body.seek(0)
-        try:
-            response = _pool_manager().urlopen(method, url, body=body, headers=headers, redirect=False,
-                                               retries=False, preload_content=False,
-                                               decode_content=False, timeout=timeout)
-        except (errors.ProtocolError, errors.TimeoutError, errors.NewConnectionError, ConnectionError,
-                TimeoutError) as exn:
-            raise Transient(f"{method} failed: {exn}") from exn
-        except (errors.HTTPError, OSError) as exn:
-            raise ShardError(f"{method} failed: {exn}", url=where) from exn
-        location = response.headers.get("Location")
-        if response.status not in _REDIRECT_STATUSES or not location:
-            return response
-        response.drain_conn()
-        response.release_conn()
-        target = urljoin(url, location)
-        if urlsplit(target)[:2] != urlsplit(url)[:2]:
-            headers = {k: v for k, v in headers.items() if k.lower() not in _CROSS_HOST_DROPPED}
-        url = target
-    raise ShardError(f"{method} failed: more than {_REDIRECTS} redirects, the last to {url}", url=where)
+    try:
+        return _pool_manager().urlopen(method, url, body=body, headers=headers, retries=_retry_policy(options, retries),
+                                       body_pos=None if body is None else 0, preload_content=False,
+                                       decode_content=False, timeout=timeout)
+    except errors.MaxRetryError as exn:
+        if isinstance(exn.reason, errors.ResponseError):  # the only one raised: too many redirects
+            raise ShardError(f"{method} failed: more than {_REDIRECTS} redirects, the last to {exn.url}",
+                             url=where) from exn
+        if isinstance(exn.reason, (errors.ProtocolError, errors.TimeoutError, errors.NewConnectionError,
+                                   ConnectionError, TimeoutError)):
+            raise Transient(f"{method} failed: {exn.reason}", final=True) from exn
+        raise ShardError(f"{method} failed: {exn.reason}", url=where) from exn
+    except (errors.HTTPError, OSError) as exn:
+        raise ShardError(f"{method} failed: {exn}", url=where) from exn
 
 
 class HTTPReader(ResumableReader):
@@ -441,16 +454,13 @@ class HTTPReader(ResumableReader):
         headers = dict(self.headers, **{"Accept-Encoding": "identity"})
         if offset:
             headers["Range"] = f"bytes={offset}-"
-        response = _send("GET", self.url, headers, None, self.options, self.where)
+        response = _send("GET", self.url, headers, None, self.options, self.where,
+                         self.options.retries - self._failures)
         if response.status in (200, 206):
             length = response.headers.get("Content-Length")
             return Reply(response, response.status, int(length) if length and length.isdigit() else None,
                          response.headers.get("Content-Range"), response.headers.get("ETag"))
-        retry_after = _retry_after(response.headers)
-        message = _status_error("GET", response)
-        if _transient_status(response.status):
-            raise Transient(message, retry_after)
-        raise self._error(message)
+        raise _status_error("GET", response, self.where)
 
     def _read(self, body, view):
         errors = _urllib3().exceptions
@@ -473,16 +483,12 @@ class HTTPWriter(SpooledUpload):
 
     def _upload(self, spool, size):
         headers = dict(self.headers, **{"Content-Length": str(size)})
-        response = _send("PUT", self.url, headers, spool, self.options, self.where)
+        response = _send("PUT", self.url, headers, spool, self.options, self.where, self.options.retries)
         if 200 <= response.status < 300:
             response.drain_conn()
             response.release_conn()
             return
-        retry_after = _retry_after(response.headers)
-        message = _status_error("PUT", response)
-        if _transient_status(response.status):
-            raise Transient(message, retry_after)
-        raise ShardError(message, url=self.where)
+        raise _status_error("PUT", response, self.where)
 
 
 def open_http(url, mode="rb", bufsize=8192, headers=None, origin=None, **kw):

@@ -17,6 +17,7 @@ import os
 import posixpath
 from urllib.parse import urlsplit, urlunsplit
 
+from ._atomic import atomic_write
 from ._validate import is_int
 from .epochplan import shard_table
 from .gopen import gopen, local_path
@@ -98,17 +99,8 @@ def write_atomic(path, text):
     beside it, renamed over it at the end: a reader never sees half a manifest or index file,
     and a failure leaves no temp behind."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    temp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(temp, "w") as stream:
-            stream.write(text)
-        os.replace(temp, path)
-    except BaseException:
-        try:
-            os.unlink(temp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_write(path) as temp, open(temp, "w") as stream:
+        stream.write(text)
 
 
 def shard_counts(urls, index=None):

@@ -167,13 +167,18 @@ def _urls(value, index):
     return tuple(urls)
 
 
+def _mapping(value, index, needs, known):
+    """``value``, a mapping of ``known`` keys only; a SpecError saying what it ``needs`` otherwise."""
+    if not isinstance(value, dict):
+        raise SpecError(f"{needs}, not {type(value).__name__}")
+    for key in value:
+        if key not in known:
+            raise _error(index, key, f"is not a known key (known: {', '.join(known)})")
+    return value
+
+
 def _collection(entry, index):
-    if not isinstance(entry, dict):
-        raise SpecError(f"dataset spec collection {index} must be a mapping, "
-                        f"not {type(entry).__name__}")
-    for key in entry:
-        if key not in _COLLECTION_KEYS:
-            raise _error(index, key, f"is not a known key (known: {', '.join(_COLLECTION_KEYS)})")
+    _mapping(entry, index, f"dataset spec collection {index} must be a mapping", _COLLECTION_KEYS)
     if "shards" not in entry:
         raise _error(index, "shards", "is missing")
     extensions = entry.get("extensions")
@@ -186,12 +191,7 @@ def _collection(entry, index):
 
 
 def _validated(document):
-    if not isinstance(document, dict):
-        raise SpecError(f"a dataset spec must be a mapping with a 'dataset' list, "
-                        f"not {type(document).__name__}")
-    for key in document:
-        if key not in _TOP_KEYS:
-            raise _error(None, key, f"is not a known key (known: {', '.join(_TOP_KEYS)})")
+    _mapping(document, None, "a dataset spec must be a mapping with a 'dataset' list", _TOP_KEYS)
     entries = document.get("dataset")
     if not isinstance(entries, (list, tuple)) or not entries:
         raise _error(None, "dataset", f"must be a non-empty list of collections, not {entries!r}")

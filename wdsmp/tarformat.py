@@ -1,9 +1,10 @@
 """Tar format facts and the cold paths shared by the native splitter and its twin.
 
 The hot loop (header checksum, numeric fields, copying member data) lives twice:
-in ``src/ext/_tarsplit.pyx`` and in ``wdsmp/_tarsplit_py.py``. Everything that
-runs rarely lives here once, so both report identical errors and agree on pax
-headers by construction.
+in ``src/ext/_tarsplit.pyx`` and, in Python, here (``header_number``,
+``checksum_ok``, used by ``wdsmp/_tarsplit_py.py`` and by the cache's file-type
+check). Everything that runs rarely lives here once, so both report identical
+errors and agree on pax headers by construction.
 """
 
 from .errors import TarFormatError
@@ -24,6 +25,32 @@ PAX_HEADER = b"x"
 PAX_GLOBAL = b"g"
 
 GZIP_MAGIC = b"\x1f\x8b"
+
+
+def header_number(field):
+    """A numeric header field: octal text or GNU base-256; -1 when invalid."""
+    if field[0] & 0x80:
+        if field[0] == 0xFF:
+            return -1
+        value = int.from_bytes(bytes([field[0] & 0x7F]) + field[1:], "big")
+        return value if value < MAX_MEMBER_SIZE else -1
+    text = field.split(b"\0", 1)[0].strip(b" ")
+    if not text:
+        return 0
+    if any(c < 48 or c > 55 for c in text):
+        return -1
+    value = int(text, 8)
+    return value if value <= MAX_MEMBER_SIZE * 8 else -1
+
+
+def checksum_ok(header):
+    """The stored checksum of a header block matches its bytes, the checksum field
+    counted as spaces (some old writers summed signed chars: either sum will do)."""
+    stored = header_number(header[148:156])
+    rest = header[:148] + header[156:]
+    unsigned = sum(rest) + 8 * 32
+    signed = unsigned - 256 * sum(1 for c in rest if c > 127)
+    return stored >= 0 and stored in (unsigned, signed)
 
 
 def decode_name(raw):

@@ -21,7 +21,7 @@ import zlib
 from .gopen import gopen, local_path
 from . import tarformat as _tf
 from .errors import SampleError, TarFormatError
-from ._stages import pipelinefilter
+from ._stages import handle_each, pipelinefilter
 from .handlers import reraise_exception
 from .native import tar_splitter_class
 from .shardlists import expand_urls
@@ -114,21 +114,18 @@ def shardlist(urls, *, shuffle=False):
 
 def url_opener(data, handler=reraise_exception, opener=gopen, **kw):
     """For each ``{"url": ...}`` (or URL string), add a ``stream`` opened by ``opener(url, **kw)``."""
-    for sample in data:
+
+    def opened(sample):
         if isinstance(sample, str):
             sample = {"url": sample}
         url = sample["url"]
-        try:
-            stream = opener(url, **kw)
-        except Exception as exn:
-            if handler(exn):
-                continue
-            break
-        sample = dict(sample, stream=stream)
+        sample = dict(sample, stream=opener(url, **kw))
         path = local_path(url)
         if path is not None:
             sample.setdefault("local_path", path)
         yield sample
+
+    yield from handle_each(data, opened, handler)
 
 
 class _Prefixed(io.RawIOBase):
@@ -222,7 +219,8 @@ def tar_file_expander(data, handler=reraise_exception, select_files=None, rename
     followed by ``SHARD_END``, or by a ``ShardFailed`` marker when it broke
     midway; by default only member dicts come out, as webdataset's do.
     """
-    for source in data:
+
+    def members(source):
         url = source["url"]
         stream = source["stream"]
         path = source.get("local_path")
@@ -240,13 +238,13 @@ def tar_file_expander(data, handler=reraise_exception, select_files=None, rename
                 if damaged is not None and rename_files is not None:
                     damaged = rename_files(damaged)
                 yield ShardFailed(damaged)
-            if handler(exn):
-                continue
-            break
+            raise  # to the handler
         finally:
             stream.close()
         if boundaries:
             yield SHARD_END
+
+    yield from handle_each(data, members, handler)
 
 
 def _sample_error(problem, member, handler):

@@ -12,24 +12,7 @@ import wdsmp.native
 from wdsmp import _imgops_py
 from wdsmp.native import imgops_module
 
-
-def photo(height, width, seed=0):
-    """A photograph-like HxWx3 uint8 image: 1/f noise over several octaves, hard-edged
-    shapes and grain, so resizing meets edges and texture as well as smooth areas."""
-    rng = np.random.default_rng(seed)
-    image = np.zeros((height, width, 3))
-    for cell in (64, 16, 4):
-        small = rng.random((height // cell + 2, width // cell + 2, 3)).astype(np.float32)
-        layer = np.stack([np.asarray(PIL.Image.fromarray(small[:, :, c], "F").resize(
-            (width, height), PIL.Image.BICUBIC)) for c in range(3)], axis=2)
-        image += layer * cell
-    image = image / image.max() * 200
-    yy, xx = np.mgrid[:height, :width]
-    for _ in range(4):
-        cy, cx, r = rng.random() * height, rng.random() * width, rng.random() * min(height, width) / 3
-        image[(yy - cy) ** 2 + (xx - cx) ** 2 < r * r] = rng.random(3) * 255
-    image += rng.normal(0, 4, image.shape)
-    return np.clip(image, 0, 255).astype(np.uint8)
+from benchmarks.photos import photo
 
 
 def kernel():

@@ -26,6 +26,7 @@ with its numbers blanked, or which edges a returned region touches) as a feature
 """
 
 import io
+import os
 import re
 import struct
 import sys
@@ -35,6 +36,9 @@ import PIL.Image
 import simplejpeg
 
 import fuzzsupport
+
+sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # after any wdsmp
+from benchmarks.photos import photo  # noqa: E402
 
 REQUEST = struct.Struct("<BHHHH")
 SOF_MARKERS = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # frame headers; not DHT, JPG, DAC
@@ -153,16 +157,6 @@ def main():
     fuzzsupport.fuzz(argv, test_one_input, seeds(), coverage)
 
 
-def _picture(height, width, seed):
-    """Smooth gradients, hard edges and noise: enough for every DCT coefficient to matter."""
-    rng = np.random.default_rng(seed)
-    yy, xx = np.mgrid[:height, :width]
-    image = np.stack([xx * 255 // max(width, 1), yy * 255 // max(height, 1), (xx + yy) % 64 * 4], axis=2)
-    image[(yy - height / 2) ** 2 + (xx - width / 3) ** 2 < (min(height, width) / 3) ** 2] = rng.integers(0, 256, 3)
-    image = image + rng.normal(0, 12, image.shape)
-    return np.clip(image, 0, 255).astype(np.uint8)
-
-
 def seeds():
     """Request + JPEG: small real files of every kind the decoder meets."""
     kinds = [
@@ -184,7 +178,7 @@ def seeds():
     out = []
     for i, ((height, width), options) in enumerate(kinds):
         options = dict(options)
-        image = PIL.Image.fromarray(_picture(height, width, i))
+        image = PIL.Image.fromarray(photo(height, width, i))
         image = image.convert(options.pop("mode", "RGB"))
         buf = io.BytesIO()
         image.save(buf, "JPEG", quality=options.pop("quality", 85), **options)

@@ -51,6 +51,7 @@ import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
+from .._atomic import atomic_write
 from ..errors import WdsmpError
 from ..fast.options import default_workers
 from ..gopen import local_path
@@ -125,38 +126,28 @@ def convert_shard(url, output, spec):
     partial = os.path.join(directory, PARTIAL + name)
     counts = {"shard": url, "samples_in": 0, "samples_out": 0}
     written = set()  # keys only: a key repeated in a shard would not read back as two samples
-    try:
-        with TarWriter(partial) as sink:
-            for sample in tarfile_samples([url]):
-                counts["samples_in"] += 1
-                key = sample["__key__"]
-                try:
-                    result = function(sample)
-                except KeyboardInterrupt:  # Ctrl-C reaches the workers too: the run stops, not the shard
-                    raise
-                except BaseException as exn:  # sys.exit() in the function fails this shard, not the worker
-                    where = exn.__traceback__.tb_next  # the function's frames, not this one
-                    details = "".join(traceback.format_exception(type(exn), exn, where))
-                    raise MapError(f"--map {spec} raised {type(exn).__name__}: {exn}", url, key, details) from exn
-                try:
-                    outputs = _samples_out(result)
-                    for out in outputs:
-                        if out.get("__key__") in written:
-                            raise ValueError(f"output key {out['__key__']!r} written twice in this shard")
-                        sink.write(out)
-                        written.add(out["__key__"])
-                except (TypeError, ValueError) as exn:
-                    raise MapError(f"--map {spec} returned what cannot be written: {exn}", url, key) from exn
-                counts["samples_out"] += len(outputs)
-        with open(partial, "rb+") as stream:  # on disk before the name says complete
-            os.fsync(stream.fileno())
-        os.replace(partial, output)
-    except BaseException:
-        try:
-            os.unlink(partial)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_write(output, partial), TarWriter(partial) as sink:
+        for sample in tarfile_samples([url]):
+            counts["samples_in"] += 1
+            key = sample["__key__"]
+            try:
+                result = function(sample)
+            except KeyboardInterrupt:  # Ctrl-C reaches the workers too: the run stops, not the shard
+                raise
+            except BaseException as exn:  # sys.exit() in the function fails this shard, not the worker
+                where = exn.__traceback__.tb_next  # the function's frames, not this one
+                details = "".join(traceback.format_exception(type(exn), exn, where))
+                raise MapError(f"--map {spec} raised {type(exn).__name__}: {exn}", url, key, details) from exn
+            try:
+                outputs = _samples_out(result)
+                for out in outputs:
+                    if out.get("__key__") in written:
+                        raise ValueError(f"output key {out['__key__']!r} written twice in this shard")
+                    sink.write(out)
+                    written.add(out["__key__"])
+            except (TypeError, ValueError) as exn:
+                raise MapError(f"--map {spec} returned what cannot be written: {exn}", url, key) from exn
+            counts["samples_out"] += len(outputs)
     counts["bytes"] = os.path.getsize(output)
     return counts
 

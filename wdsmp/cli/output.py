@@ -27,6 +27,7 @@ import threading
 from decimal import Decimal
 from fractions import Fraction
 
+from .._atomic import put_in_place
 from ..gopen import gopen, local_path
 from ..writer import ShardWriter, TarWriter, _compression
 from .common import PARTIAL, check_output, die
@@ -282,7 +283,7 @@ class Output:
             with open(partial, "rb+") as stream:  # on disk before the name says complete
                 os.fsync(stream.fileno())
         for partial, path in self._renames:
-            os.replace(partial, path)
+            put_in_place(partial, path)
         stale = [path for number, path in self._earlier.items() if number >= len(self.names)]
         for path in stale:
             _unlink(path)

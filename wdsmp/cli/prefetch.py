@@ -24,7 +24,8 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .._cacheentry import CachedFile, EntryLock, remove_if_present
+from .._atomic import remove_if_present
+from .._cacheentry import CachedFile, EntryLock
 from ..cache import FileCache, islocal
 from ..errors import ShardError
 from ..tariterators import tar_file_iterator

@@ -24,14 +24,13 @@ from typing import List, Optional
 
 from ..autodecode import ImageHandler
 from ..errors import SampleError, TarFormatError
+from ..fast.imagedecode import is_jpeg
 from ..gopen import gopen, local_path
 from ..shardindex import read_entries
 from ..tariterators import base_plus_ext, group_by_keys, tar_file_expander
 from .common import Progress, add_common, die, distinct_shards, expand_inputs, print_json
 
 __all__ = ["Problem", "ShardReport", "add_parser", "check_shard", "open_counted", "run"]
-
-_JPEG_MAGIC = b"\xff\xd8\xff"
 
 
 @dataclass(frozen=True)
@@ -176,7 +175,7 @@ def _decode_problems(url, sample, places):
         except Exception as exn:  # Pillow raises many kinds of error for bad data
             yield Problem(url, "decode", f"cannot decode the image: {type(exn).__name__}: {exn}", member, offset)
             continue
-        damage = _jpeg_damage(data) if data.startswith(_JPEG_MAGIC) else None
+        damage = _jpeg_damage(data) if is_jpeg(data) else None
         if damage is not None:
             yield Problem(url, "decode", f"damaged JPEG data (libjpeg-turbo: {damage})", member, offset)
 

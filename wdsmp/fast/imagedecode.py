@@ -54,6 +54,8 @@ __all__ = [
     "decode_into",
     "decode_with_options",
     "dct_scale",
+    "is_jpeg",
+    "jpeg_size",
     "random_resized_crop_box",
 ]
 
@@ -248,6 +250,28 @@ def _pil_pixels(data):
         return np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
 
 
+def is_jpeg(data):
+    """Whether ``data`` starts as a JPEG file does: start-of-image, then a marker."""
+    return bytes(data[:3]) == _JPEG_MAGIC
+
+
+def jpeg_size(data):
+    """``(height, width)`` of a JPEG for libjpeg-turbo to decode; None to leave ``data`` to
+    Pillow: not a JPEG, a header simplejpeg cannot read, or CMYK/YCCK, which libjpeg-turbo
+    converts to RGB by another formula than Pillow's. A ValueError for a size beyond
+    ``MAX_SIDE`` and ``MAX_PIXELS``, before anything is allocated."""
+    if not is_jpeg(data):
+        return None
+    import simplejpeg
+
+    try:
+        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+    except (ValueError, KeyError):  # KeyError: a sampling layout simplejpeg has no name for
+        return None
+    _check_size(height, width, "the JPEG image")
+    return None if colorspace in ("CMYK", "YCCK") else (height, width)
+
+
 def _jpeg_pixels(data, box_of, out_size, dct_scaling, region):
     """``(pixels, height, width, box, box in pixels, kind)`` of a JPEG, decoded at a DCT
     scale that covers the box, only the region the crop needs when ``region`` and the
@@ -255,15 +279,12 @@ def _jpeg_pixels(data, box_of, out_size, dct_scaling, region):
     read or would convert differently (CMYK). What it refuses after the header goes to
     Pillow, as in autodecode: Pillow reads some damaged files (extraneous bytes, bad
     markers) that strict libjpeg-turbo does not, and the reference path decodes them."""
+    size = jpeg_size(data)
+    if size is None:
+        return None
     import simplejpeg
 
-    try:
-        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-    except (ValueError, KeyError):  # KeyError: a sampling layout simplejpeg has no name for
-        return None
-    if colorspace in ("CMYK", "YCCK"):
-        return None
-    _check_size(height, width, "the JPEG image")
+    height, width = size
     box = box_of(height, width)
     n = dct_scale(height, width, box[2], box[3], *out_size) if dct_scaling else 8
     # libjpeg-turbo makes each side ceil(side n / 8) pixels.
@@ -347,8 +368,7 @@ def decode_with_options(data, out, options, rng, *, url=None, member=None):
 
     try:
         encoded = isinstance(data, (bytes, bytearray, memoryview))
-        is_jpeg = encoded and bytes(data[:3]) == _JPEG_MAGIC
-        decoded = _jpeg_pixels(data, box_of, out_size, options.dct_scaling, options.region) if is_jpeg else None
+        decoded = _jpeg_pixels(data, box_of, out_size, options.dct_scaling, options.region) if encoded else None
         if decoded is None:
             pixels, kind = _raw_pixels(data) if encoded else (_array_pixels(data), "array")
             height, width = pixels.shape[:2]

@@ -54,6 +54,8 @@ import sys
 import time
 import types
 
+from .._process import pid_alive
+
 __all__ = ["START_METHODS", "WorkerPool", "context", "describe_exit", "named_semaphores", "refers_to_main",
            "start_server", "sweep_semaphores"]
 
@@ -127,23 +129,13 @@ def sweep_semaphores(directory=_SEM_DIR):
     swept = []
     for name in names:
         match = pattern.fullmatch(name)
-        if match and not _alive(int(match.group(1))):
+        if match and not pid_alive(int(match.group(1))):
             try:
                 os.unlink(os.path.join(directory, name))
                 swept.append(name)
             except FileNotFoundError:  # another loader swept it first
                 pass
     return swept
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def describe_exit(exitcode):

@@ -44,6 +44,7 @@ import secrets
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 
+from .._process import pid_alive
 from .layout import BatchLayout
 
 __all__ = ["DEFAULT_PREFIX", "SHM_DIR", "Ring", "cleanup_stale"]
@@ -78,20 +79,6 @@ def _check_room(size, nslots, slot_size):
     free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
     if size > free:
         raise _no_room(size, nslots, slot_size, free, total)
-
-
-def _owner_alive(pid):
-    """Whether ``pid`` is a live process (a zombie is dead: it has closed its files)."""
-    import psutil
-
-    if pid == os.getpid():
-        return True
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-    except psutil.AccessDenied:
-        return True
 
 
 class Ring:
@@ -251,7 +238,7 @@ def cleanup_stale(prefix=DEFAULT_PREFIX):
     removed = []
     for entry in sorted(os.listdir(SHM_DIR)):
         match = pattern.fullmatch(entry)
-        if match is None or _owner_alive(int(match.group(1))):
+        if match is None or pid_alive(int(match.group(1))):
             continue
         path = os.path.join(SHM_DIR, entry)
         try:
