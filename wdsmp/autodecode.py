@@ -49,6 +49,7 @@ from torch.utils.data import IterableDataset
 
 from . import _env
 from .errors import DecodeError
+from .imagesize import jpeg_size
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -301,8 +302,6 @@ def _jpeg_pixels(data, mode):
     raises its own errors for garbage), and CMYK/YCCK files, which
     libjpeg-turbo converts to RGB by another formula than Pillow's.
     """
-    from .fast.imagedecode import jpeg_size
-
     if jpeg_size(data) is None:
         return None
     import simplejpeg

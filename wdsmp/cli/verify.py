@@ -24,7 +24,7 @@ from typing import List, Optional
 
 from ..autodecode import ImageHandler
 from ..errors import SampleError, TarFormatError
-from ..fast.imagedecode import is_jpeg
+from ..imagesize import is_jpeg
 from ..gopen import gopen, local_path
 from ..shardindex import read_entries
 from ..tariterators import base_plus_ext, group_by_keys, tar_file_expander

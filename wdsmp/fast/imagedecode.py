@@ -44,6 +44,7 @@ import numpy as np
 
 from .. import native
 from ..errors import DecodeError
+from ..imagesize import MAX_PIXELS, MAX_SIDE, ImageTooLarge, check_size, is_jpeg, jpeg_size
 from .options import DecodeOptions, positive_range, unit_fraction
 
 __all__ = [
@@ -59,12 +60,6 @@ __all__ = [
     "random_resized_crop_box",
 ]
 
-# Headers claiming more than this are refused before anything is allocated: a
-# few bytes can claim gigabytes of pixels (a decompression bomb).
-MAX_SIDE = 32768
-MAX_PIXELS = 1 << 28
-
-_JPEG_MAGIC = b"\xff\xd8\xff"
 _JPEG_END = b"\xff\xd9"  # the end-of-image marker
 _NPY_MAGIC = b"\x93NUMPY"
 _PNM_NUMBER = re.compile(rb"(?:\s|#[^\n]*\n)+(\d+)")
@@ -185,12 +180,6 @@ class _Refused(ValueError):
     """An image this module will not decode; :func:`decode_into` reraises it as a DecodeError."""
 
 
-def _check_size(height, width, what):
-    if height < 1 or width < 1 or height > MAX_SIDE or width > MAX_SIDE or height * width > MAX_PIXELS:
-        raise _Refused(f"{what} is {width}x{height} pixels, outside the limits (sides 1 to "
-                       f"{MAX_SIDE}, at most {MAX_PIXELS} pixels); refusing to decode it")
-
-
 def _pnm_pixels(data):
     """HxWxC pixels of a binary 8-bit PPM (P6) or PGM (P5), viewing ``data``; None for other PNMs."""
     channels = 3 if data[:2] == b"P6" else 1
@@ -205,7 +194,7 @@ def _pnm_pixels(data):
     if maxval != 255 or not bytes(data[pos:pos + 1]).isspace():
         return None
     pos += 1  # a single whitespace byte ends the header
-    _check_size(height, width, "the PNM image")
+    check_size(height, width, "the PNM image")
     size = height * width * channels
     if len(data) < pos + size:
         raise _Refused(f"the PNM image is cut short: {len(data) - pos} bytes of pixels, {size} expected")
@@ -223,7 +212,7 @@ def _npy_pixels(data):
     shape, fortran, dtype = read_header(stream)
     if dtype != np.uint8 or len(shape) not in (2, 3) or (len(shape) == 3 and shape[2] not in (1, 3)):
         raise _Refused(f"a .npy image must be a uint8 HxWx3, HxWx1 or HxW array, not {dtype} {shape}")
-    _check_size(shape[0], shape[1], "the .npy image")
+    check_size(shape[0], shape[1], "the .npy image")
     size = math.prod(shape)
     if len(data) < stream.tell() + size:
         raise _Refused(f"the .npy array is cut short: {len(data) - stream.tell()} bytes, {size} expected")
@@ -245,31 +234,9 @@ def _pil_pixels(data):
     except PIL.UnidentifiedImageError as exn:
         raise _Refused(f"not an image format Pillow knows (it starts {bytes(data[:8])!r})") from exn
     with image:
-        _check_size(image.height, image.width, f"the {image.format} image")
+        check_size(image.height, image.width, f"the {image.format} image")
         image.load()
         return np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
-
-
-def is_jpeg(data):
-    """Whether ``data`` starts as a JPEG file does: start-of-image, then a marker."""
-    return bytes(data[:3]) == _JPEG_MAGIC
-
-
-def jpeg_size(data):
-    """``(height, width)`` of a JPEG for libjpeg-turbo to decode; None to leave ``data`` to
-    Pillow: not a JPEG, a header simplejpeg cannot read, or CMYK/YCCK, which libjpeg-turbo
-    converts to RGB by another formula than Pillow's. A ValueError for a size beyond
-    ``MAX_SIDE`` and ``MAX_PIXELS``, before anything is allocated."""
-    if not is_jpeg(data):
-        return None
-    import simplejpeg
-
-    try:
-        height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-    except (ValueError, KeyError):  # KeyError: a sampling layout simplejpeg has no name for
-        return None
-    _check_size(height, width, "the JPEG image")
-    return None if colorspace in ("CMYK", "YCCK") else (height, width)
 
 
 def _jpeg_pixels(data, box_of, out_size, dct_scaling, region):
@@ -375,7 +342,7 @@ def decode_with_options(data, out, options, rng, *, url=None, member=None):
             box = scaled = box_of(height, width)
         else:
             pixels, height, width, box, scaled, kind = decoded
-    except _Refused as exn:
+    except (_Refused, ImageTooLarge) as exn:
         raise DecodeError(str(exn), url, member) from exn.__cause__
     except (ValueError, OSError, SyntaxError) as exn:  # how libjpeg-turbo, numpy and Pillow report damage
         raise DecodeError(f"cannot decode the image ({type(exn).__name__}: {exn})", url, member) from exn
@@ -404,7 +371,7 @@ def _array_pixels(value):
     if pixels.dtype != np.uint8 or pixels.ndim not in (2, 3) or (pixels.ndim == 3 and pixels.shape[2] not in (1, 3)):
         raise _Refused(f"a decoded image must be a uint8 HxWx3, HxWx1 or HxW array, not "
                        f"{type(value).__name__} {pixels.dtype} {pixels.shape}")
-    _check_size(pixels.shape[0], pixels.shape[1], "the array image")
+    check_size(pixels.shape[0], pixels.shape[1], "the array image")
     return np.ascontiguousarray(pixels if pixels.ndim == 3 else pixels[:, :, None])
 
 
