@@ -9,7 +9,7 @@ import time
 from torch.utils.data import IterableDataset
 
 from ._braces import glob_with_braces
-from ._process import pid_alive
+from .liveness import pid_alive
 
 __all__ = ["DirectoryShardList", "check_pid_is_running", "get_pid_from_filename", "without_last_extension"]
 

@@ -9,7 +9,7 @@ from torch.utils.data import IterableDataset
 
 from ._braces import expand_braces
 from ._seeding import make_seed
-from ._validate import is_int
+from .validation import is_int
 
 __all__ = ["MSSource", "MultiShardSample", "default_rng", "expand"]
 

@@ -10,7 +10,7 @@ import sys
 import warnings
 
 from ._stages import pipelinefilter
-from ._validate import non_negative_int
+from .validation import non_negative_int
 from ._workerinfo import pytorch_worker_info
 
 __all__ = ["non_empty", "resampled", "resampled_", "single_node_only", "split_by_node", "split_by_worker"]

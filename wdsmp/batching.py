@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ._stages import pipelinefilter
-from ._validate import positive_int
+from .validation import positive_int
 
 __all__ = [
     "batched",

@@ -36,7 +36,7 @@ import sys
 
 from torch.utils.data import IterableDataset, get_worker_info
 
-from ._validate import is_int
+from .validation import is_int
 
 __all__ = ["DBCache"]
 

@@ -54,7 +54,7 @@ from itertools import islice
 from torch.utils.data import DataLoader, get_worker_info
 
 from ._stages import Curried
-from ._validate import is_int
+from .validation import is_int
 from .epochplan import POLICIES, plan_epoch
 from .filters import detshuffle, shuffle
 from .handlers import reraise_exception

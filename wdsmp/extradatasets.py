@@ -12,7 +12,7 @@ import os
 from torch.utils.data import IterableDataset
 
 from . import utils
-from ._validate import non_negative_int
+from .validation import non_negative_int
 from .utils import PipelineStage
 
 __all__ = ["MockDataset", "repeatedly", "with_epoch", "with_length"]

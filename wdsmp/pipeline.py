@@ -34,7 +34,7 @@ from itertools import islice
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from ._validate import non_negative_int
+from .validation import non_negative_int
 from .utils import PipelineStage
 
 __all__ = ["CountedSource", "DataPipeline", "add_length_method"]

@@ -18,7 +18,7 @@ import posixpath
 from urllib.parse import urlsplit, urlunsplit
 
 from ._atomic import atomic_write
-from ._validate import is_int
+from .validation import is_int
 from .epochplan import shard_table
 from .gopen import gopen, local_path
 

@@ -24,7 +24,7 @@ from ._multishard import MSSource, MultiShardSample, default_rng, expand
 from ._seeding import make_seed
 from ._shardstages import non_empty, resampled, resampled_, single_node_only, split_by_node, split_by_worker
 from ._shardurls import envlookup, envsubst, expand_source, expand_urls
-from ._validate import non_negative_int
+from .validation import non_negative_int
 from ._workerinfo import pytorch_worker_seed
 
 __all__ = [

@@ -3,6 +3,8 @@ naming the internal, on a Python where it is gone, rather than letting wdsmp deg
 
 import multiprocessing
 import os
+import subprocess
+import sys
 from multiprocessing import forkserver
 
 import pytest
@@ -43,3 +45,25 @@ def test_semaphore_prefix_is_where_cpython_reads_it():
     name = lock._semlock.name  # what sweep_semaphores finds in /dev/shm, less "sem."
     assert name.startswith(f"/{pool.SEM_PREFIX}{os.getpid()}-"), \
         f"a semaphore made inside named_semaphores() is named {name!r}: SemLock no longer reads semprefix"
+
+
+def test_a_spawned_child_importing_the_main_script_is_seen(tmp_path):
+    """``starting_a_worker`` is what turns a loader built by a script without a main guard into
+    an error instead of workers that start workers; it reads CPython's ``_inheriting``."""
+    script = tmp_path / "script.py"
+    record = tmp_path / "seen"
+    script.write_text(
+        "import multiprocessing, sys\n"
+        "from wdsmp.fast import pool\n"
+        "if __name__ != '__main__':\n"
+        f"    open({str(record)!r}, 'w').write(str(pool.starting_a_worker()))\n"
+        "def child():\n"
+        "    pass\n"
+        "if __name__ == '__main__':\n"
+        "    assert not pool.starting_a_worker()\n"
+        "    p = multiprocessing.get_context('spawn').Process(target=child)\n"
+        "    p.start(); p.join(60)\n"
+        "    sys.exit(p.exitcode)\n")
+    subprocess.run([sys.executable, str(script)], check=True, timeout=120)
+    assert record.read_text() == "True", \
+        "CPython no longer sets current_process()._inheriting while a spawned child imports the main script"

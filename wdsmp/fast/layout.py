@@ -23,7 +23,7 @@ from typing import Tuple
 
 import numpy as np
 
-from .._validate import positive_int
+from ..validation import positive_int
 
 __all__ = [
     "FIELD_ALIGN",

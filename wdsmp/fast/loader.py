@@ -54,10 +54,9 @@ NOTE [shutdown order]
     FastLoader unlinks rings whose owner died without closing.
 """
 
-import multiprocessing
 import weakref
 
-from .._validate import is_int
+from ..validation import is_int
 from ..epochplan import PlanPosition, plan_epoch, streams_of_workers
 from ..handlers import reraise_exception
 from ..shardindex import shard_counts
@@ -141,7 +140,7 @@ class FastLoader:
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5, resize_ratio=0.875, dct_scaling=True,
                  channels_first=False, copy=False, prefetch=2, timeout=None, start_method="forkserver",
                  progress=False, cache_dir=None):
-        if getattr(multiprocessing.current_process(), "_inheriting", False):  # NOTE [main module] in pool.py
+        if _pool.starting_a_worker():  # NOTE [main module] in pool.py
             raise RuntimeError("a FastLoader was made while a worker process was starting and importing the main "
                                "script: a function given to the loader is defined in that script, so workers "
                                "import it; put the script's code under if __name__ == '__main__':, or define "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Tuple, Union
 
 from .. import handlers
-from .._validate import is_int, positive_int
+from ..validation import is_int, positive_int
 from ..utils import pytorch_worker_info
 
 __all__ = ["IMAGE_KEYS", "DecodeOptions", "LoaderOptions", "default_workers", "positive_range", "unit_fraction"]

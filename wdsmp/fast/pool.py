@@ -31,7 +31,7 @@ NOTE [semaphore names]
 NOTE [CPython internals]
     multiprocessing offers no public way to read the fork server's preload
     list or to choose semaphore names, so two functions reach into CPython's
-    private state, and nothing else here does: ``_forkserver_preloads`` reads
+    private state, and nothing else in wdsmp does: ``_forkserver_preloads`` reads
     ``forkserver._forkserver._preload_modules`` (the list
     ``set_forkserver_preload`` replaces), so that wdsmp adds its worker module
     to the user's preloads instead of dropping them; ``_process_config``
@@ -40,7 +40,11 @@ NOTE [CPython internals]
     renames the first, the user's own preloads are lost (wdsmp still works);
     if it renames the second, ``named_semaphores`` fails, or names nothing if
     the key changes, and semaphores leaked by a killed job are no longer
-    swept. tests/fast/test_pool.py checks both against the running Python.
+    swept. ``starting_a_worker`` reads ``current_process()._inheriting``, true
+    while a spawned child imports the parent's main script (NOTE [main module]);
+    if it goes, a script without a main guard that builds a loader recurses
+    into workers again instead of getting an error that says what to do.
+    tests/fast/test_pool.py checks all three against the running Python.
 """
 
 import contextlib
@@ -54,10 +58,10 @@ import sys
 import time
 import types
 
-from .._process import pid_alive
+from ..liveness import pid_alive
 
 __all__ = ["START_METHODS", "WorkerPool", "context", "describe_exit", "named_semaphores", "refers_to_main",
-           "start_server", "sweep_semaphores"]
+           "start_server", "starting_a_worker", "sweep_semaphores"]
 
 START_METHODS = ("forkserver", "spawn", "fork")
 _PRELOAD = "wdsmp.fast.worker"
@@ -116,6 +120,12 @@ def _process_config():
     """This process's multiprocessing settings, where SemLock reads ``"semprefix"`` (NOTE [CPython
     internals])."""
     return multiprocessing.current_process()._config
+
+
+def starting_a_worker():
+    """Whether this process is a spawned worker still importing its parent's main script
+    (NOTE [CPython internals])."""
+    return getattr(multiprocessing.current_process(), "_inheriting", False)
 
 
 def sweep_semaphores(directory=_SEM_DIR):

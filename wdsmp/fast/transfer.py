@@ -23,7 +23,7 @@ NOTE [pinned transfer]
 
 import collections
 
-from .._validate import positive_int
+from ..validation import positive_int
 
 __all__ = ["CudaLoader"]
 

@@ -1,9 +1,9 @@
-"""The one check of "an int, and large enough" (wdsmp/_validate.py)."""
+"""The one check of "an int, and large enough" (wdsmp/validation.py)."""
 
 import numpy as np
 import pytest
 
-from wdsmp._validate import is_int, non_negative_int, positive_int
+from wdsmp.validation import is_int, non_negative_int, positive_int
 
 
 def test_is_int_refuses_bools_floats_and_numpy_ints():
