@@ -21,9 +21,9 @@ from ._stages import (
     FilterFunction,
     RestCurried,
     handle_each,
+    missing_field,
     need_dict,
     pipelinefilter,
-    sample_error,
 )
 from .autodecode import Decoder
 from .batching import (
@@ -330,7 +330,7 @@ def _map_dict(data, handler=reraise_exception, **kw):
         result = dict(need_dict("map_dict", sample))
         for field, f in kw.items():
             if field not in result:
-                raise sample_error("map_dict", f"no field {field!r}", result)
+                raise missing_field("map_dict", f"no field {field!r}", result)
             result[field] = f(result[field])
         yield result
 
@@ -376,7 +376,7 @@ def _associate(data, associator, handler=reraise_exception):
 
     def add(sample):
         if "__key__" not in need_dict("associate", sample):
-            raise sample_error("associate", "no field '__key__'", sample)
+            raise missing_field("associate", "no field '__key__'", sample)
         key = sample["__key__"]
         yield {**sample, **(associator(key) if callable(associator) else associator.get(key, {}))}
 
