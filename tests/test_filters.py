@@ -718,7 +718,7 @@ def test_pipeline_errors_name_shard_and_key(tmp_path):
     with pytest.raises(SampleError) as info:
         list(dataset)
     assert info.value.url == urls[0] and info.value.member == "s0_00"
-    assert "no field 'jpg'; the sample has fields '__key__', '__url__', '__local_path__', 'cls', " \
+    assert "no field 'jpg'; the sample has fields '__key__', '__url__', 'cls', " \
         "'png', 'txt'" in str(info.value)
     dataset = DataPipeline(SimpleShardList(urls), tarfile_to_samples(),
                            F.map_dict(cls=int), F.map(fail_on_odd))

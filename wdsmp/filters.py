@@ -510,3 +510,16 @@ class LMDBCached(PipelineStage):
         with db.begin(write=True) as txn:
             for key, value in items:
                 txn.put(key, value)
+
+
+# -- the generators behind the stages, under webdataset's names: user code imports them
+# (``from webdataset.filters import _shuffle``) to build stages of its own.
+
+_batched = batched.f
+_extract_keys = extract_keys.f
+_rename = rename.f
+_rename_keys = rename_keys.f
+_to_tuple = to_tuple.f
+_unbatched = unbatched.f
+_unlisted = unlisted.f
+_xdecode = xdecode.f
