@@ -437,6 +437,8 @@ def test_webdataset_naming_helpers():
     assert url_to_cache_name("http://h/a/b/c.tar") == "c.tar"
     assert url_to_cache_name("http://h/a/b/c.tar", ndir=1) == "b/c.tar"
     assert url_to_cache_name("pipe:cat /x/b.tar") == "pipe%3Acat%20%2Fx%2Fb.tar"
+    with pytest.raises(TypeError, match="needs a URL string"):  # webdataset: an assert
+        url_to_cache_name(123)
 
 
 def test_http_second_pass_makes_no_request(tmp_path, shard, http_server):

@@ -174,6 +174,8 @@ def url_to_cache_name(url, ndir=0):
     reuse a cache directory filled by webdataset. URLs of other schemes
     (``pipe:`` ...) are quoted whole, keeping the last 128 characters.
     """
+    if not isinstance(url, str):
+        raise TypeError(f"url_to_cache_name needs a URL string, not {url!r}")
     parts = urllib.parse.urlsplit(url)
     if parts.scheme in ("", "file", "http", "https", "ftp", "ftps", "gs", "s3", "ais"):
         components = parts.path.lstrip("/").split("/")
