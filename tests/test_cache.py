@@ -355,12 +355,16 @@ def test_bad_cache_names_are_rejected(tmp_path, shard, name):
 
 def test_local_files_are_not_cached(tmp_path, shard):
     cache = tmp_path / "cache"
-    assert list(cached_tarfile_samples([shard], cache_dir=str(cache))) == list(tarfile_samples([shard]))
+    cached = list(cached_tarfile_samples([shard], cache_dir=str(cache)))
+    # as webdataset's FileCache, the cache names a local file's path; url_opener does not
+    assert all(s.pop("__local_path__") == shard for s in cached)
+    assert cached == list(tarfile_samples([shard]))
     assert not cache.exists()
     assert islocal(shard) and islocal("file://" + shard) and islocal("-")
     assert not islocal("pipe:cat x") and not islocal("http://h/x.tar")
     samples = list(cached_tarfile_samples([shard], cache_dir=str(cache), always=True))
-    assert samples == list(tarfile_samples([shard]))  # __local_path__ still names the source
+    assert all(s.pop("__local_path__") == shard for s in samples)  # still names the source
+    assert samples == list(tarfile_samples([shard]))
     [name] = entries(cache)
     assert (cache / name).read_bytes() == open(shard, "rb").read()
 
@@ -433,6 +437,8 @@ def test_webdataset_naming_helpers():
     assert url_to_cache_name("http://h/a/b/c.tar") == "c.tar"
     assert url_to_cache_name("http://h/a/b/c.tar", ndir=1) == "b/c.tar"
     assert url_to_cache_name("pipe:cat /x/b.tar") == "pipe%3Acat%20%2Fx%2Fb.tar"
+    with pytest.raises(TypeError, match="needs a URL string"):  # webdataset: an assert
+        url_to_cache_name(123)
 
 
 def test_http_second_pass_makes_no_request(tmp_path, shard, http_server):

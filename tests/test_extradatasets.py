@@ -42,19 +42,26 @@ def test_repeatedly_as_a_stage():
     assert list(DataPipeline(range(2), repeatedly(nepochs=3))) == [0, 1]
 
 
-def test_with_epoch_continues_through_the_data():
+def test_with_epoch_starts_each_epoch_afresh():
     dataset = with_epoch(range(5), 3)
+    assert len(dataset) == 3
+    assert list(dataset) == list(dataset) == [0, 1, 2]  # as webdataset's, after a whole epoch
+    assert list(with_epoch(range(2), 5)) == [0, 1, 0, 1, 0]  # passes repeat within an epoch
+
+
+def test_with_epoch_continuous_continues_through_the_data():
+    dataset = with_epoch(range(5), 3, continuous=True)
     assert len(dataset) == 3
     assert list(dataset) == [0, 1, 2]
     assert list(dataset) == [3, 4, 0]  # the next epoch goes on, wrapping around
     assert list(dataset) == [1, 2, 3]
-    assert list(with_epoch([], 3)) == []
+    assert list(with_epoch([], 3)) == list(with_epoch([], 3, continuous=True)) == []
     with pytest.raises(ValueError, match="non-negative int"):
         with_epoch(range(3), 1.5)
 
 
 def test_with_epoch_pickles_without_its_iterator():
-    dataset = with_epoch(range(5), 3)
+    dataset = with_epoch(range(5), 3, continuous=True)
     assert list(dataset) == [0, 1, 2]
     copy = pickle.loads(pickle.dumps(dataset))
     assert copy.source is None and list(copy) == [0, 1, 2]  # the copy starts its own pass

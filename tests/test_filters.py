@@ -289,14 +289,20 @@ def test_detshuffle_epochs(monkeypatch):
     epochs = [run(stage, data) for _ in range(3)]
     assert stage.epoch == 2 and len({tuple(e) for e in epochs}) == 3
     assert [run(F.detshuffle(30, seed=5), data) for _ in range(1)] == epochs[:1]
-    assert [run(F.detshuffle(30, seed=5, epoch=e), data) for e in range(3)] == epochs  # pinned
+    # as in webdataset, `epoch` is the one before the first iteration
+    assert [run(F.detshuffle(30, seed=5, epoch=e - 1), data) for e in range(3)] == epochs
+    # webdataset's order: its generator is seeded with seed + epoch
+    assert epochs[2] == list(F._shuffle(data, 30, 100, rng=random.Random(5 + 2)))
     stage.set_epoch(1)
-    assert run(stage, data) == run(stage, data) == epochs[1]
-    assert run(F.detshuffle(30, seed=6, epoch=1), data) != epochs[1]
+    assert run(stage, data) == run(stage, data) == epochs[1] and stage.epoch == 1  # pinned
+    assert run(F.detshuffle(30, seed=6, epoch=0), data) != epochs[1]
     monkeypatch.setenv("WORKER", "1")
     monkeypatch.setenv("NUM_WORKERS", "2")
-    assert run(stage, data) != epochs[1]
-    assert sorted(run(stage, data)) == data
+    assert run(stage, data) == epochs[1]  # the same order in every worker, to split after it
+    copy = pickle.loads(pickle.dumps(stage))
+    assert copy.epoch == 1 and run(copy, data) == epochs[1]
+    stage.epoch = 2  # webdataset's attribute, assigned
+    assert run(stage, data) == epochs[2] and copy.epoch == 1
 
 
 def test_rsample():
@@ -712,7 +718,7 @@ def test_pipeline_errors_name_shard_and_key(tmp_path):
     with pytest.raises(SampleError) as info:
         list(dataset)
     assert info.value.url == urls[0] and info.value.member == "s0_00"
-    assert "no field 'jpg'; the sample has fields '__key__', '__url__', '__local_path__', 'cls', " \
+    assert "no field 'jpg'; the sample has fields '__key__', '__url__', 'cls', " \
         "'png', 'txt'" in str(info.value)
     dataset = DataPipeline(SimpleShardList(urls), tarfile_to_samples(),
                            F.map_dict(cls=int), F.map(fail_on_odd))

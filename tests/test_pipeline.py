@@ -127,15 +127,19 @@ def test_append_and_compose(tmp_path):
 def test_with_length_pickles(tmp_path):
     urls = make_shards(tmp_path, 2, 3)
     dataset = DataPipeline(SimpleShardList(urls), tarfile_to_samples(), keys)
-    with pytest.raises(TypeError, match="no length"):
+    assert not hasattr(dataset, "__len__")  # as in webdataset: code and DataLoader test for it
+    with pytest.raises(TypeError, match="has no len"):
         len(dataset)
     assert bool(dataset) and len(list(dataset)) == 6
     with pytest.warns(UserWarning, match="does not change the number of samples"):
         assert dataset.with_length(4) is dataset
-    assert len(dataset) == 4
+    assert len(dataset) == 4 and isinstance(dataset, DataPipeline)
     copy = pickle.loads(pickle.dumps(dataset))
-    assert type(copy) is DataPipeline and len(copy) == 4
+    assert type(copy) is type(dataset) and len(copy) == 4
     assert list(copy) == all_keys(2, 3)  # the length is only what len() says
+    assert len(dataset.compose(keys)) == 4  # a composed copy keeps it
+    assert not hasattr(DataPipeline(SimpleShardList(urls)).compose(keys), "__len__")
+    assert len(torch.utils.data.DataLoader(dataset, batch_size=None)) == 4
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(DataPipeline(range(3)).with_length(7, silent=True)) == 7
@@ -143,15 +147,25 @@ def test_with_length_pickles(tmp_path):
         dataset.with_length(-1, silent=True)
 
 
-def test_with_epoch_continues_across_epochs(tmp_path):
+def test_with_epoch_starts_each_epoch_afresh(tmp_path):
     urls = make_shards(tmp_path, 2, 5)
     expected = all_keys(2, 5)
     dataset = DataPipeline(SimpleShardList(urls), tarfile_to_samples(), keys).with_epoch(4)
+    assert [list(dataset) for _ in range(3)] == [expected[0:4]] * 3  # as webdataset
+    assert list(dataset.with_epoch(nbatches=12)) == expected + expected[0:2]  # passes repeat
+    assert list(dataset.with_epoch(12)) == expected + expected[0:2]
+    assert not hasattr(dataset, "__len__")
+
+
+def test_with_epoch_continuous_continues_across_epochs(tmp_path):
+    urls = make_shards(tmp_path, 2, 5)
+    expected = all_keys(2, 5)
+    dataset = DataPipeline(SimpleShardList(urls), tarfile_to_samples(), keys).with_epoch(4, continuous=True)
     epochs = [list(dataset) for _ in range(3)]
     assert epochs == [expected[0:4], expected[4:8], expected[8:10] + expected[0:2]]
     # a pickled copy starts its own iterator from the beginning
     assert list(pickle.loads(pickle.dumps(dataset))) == expected[0:4]
-    assert list(dataset.with_epoch(nbatches=12)) == expected + expected[0:2]  # restarts
+    assert list(dataset.with_epoch(nbatches=12, continuous=True)) == expected + expected[0:2]  # restarts
     assert list(dataset) == expected[2:10] + expected[0:4]
     dataset.close()
     assert list(dataset) == expected + expected[0:2]
@@ -159,6 +173,7 @@ def test_with_epoch_continues_across_epochs(tmp_path):
 
 def test_with_epoch_on_empty_data_ends():
     assert list(DataPipeline(range(0)).with_epoch(5)) == []
+    assert list(DataPipeline(range(0)).with_epoch(5, continuous=True)) == []
 
 
 def test_repeat(tmp_path):
@@ -171,14 +186,14 @@ def test_repeat(tmp_path):
     assert list(dataset.repeat(1, 4)) == expected[:4]
     assert list(dataset) == expected[:4]
     dataset.repeat(nbatches=13)
-    assert list(dataset) == (expected * 3)[:13]  # each call starts afresh, unlike with_epoch
+    assert list(dataset) == (expected * 3)[:13]  # each call starts afresh
     assert list(DataPipeline(range(0)).repeat()) == []  # an empty pass ends the repetition
 
 
 def test_set_epoch_and_close_reach_stages(tmp_path):
     recorder = Recorder()
     shards = ResampledShards([f"s{i}" for i in range(10)], nshards=20, deterministic=True)
-    dataset = DataPipeline(shards, recorder).with_epoch(5)
+    dataset = DataPipeline(shards, recorder).with_epoch(5, continuous=True)
     first = list(dataset)
     dataset.set_epoch(3)
     assert recorder.epochs == [3] and shards._next_epoch == 3
@@ -269,10 +284,20 @@ def seed_source():
     yield wdsmp.utils.pytorch_worker_seed()
 
 
-def test_with_epoch_continues_in_persistent_workers(tmp_path):
+def test_with_epoch_restarts_in_persistent_workers(tmp_path):
     urls = make_shards(tmp_path, 2, 5)
     dataset = DataPipeline(SimpleShardList(urls), split_by_worker, tarfile_to_samples(),
                            keys).with_epoch(3)
+    loader = torch.utils.data.DataLoader(dataset, num_workers=2, batch_size=None,
+                                         persistent_workers=True, multiprocessing_context="fork")
+    shard0, shard1 = all_keys(2, 5)[:5], all_keys(2, 5)[5:]
+    assert sorted(loader) == sorted(loader) == sorted(shard0[0:3] + shard1[0:3])
+
+
+def test_with_epoch_continuous_continues_in_persistent_workers(tmp_path):
+    urls = make_shards(tmp_path, 2, 5)
+    dataset = DataPipeline(SimpleShardList(urls), split_by_worker, tarfile_to_samples(),
+                           keys).with_epoch(3, continuous=True)
     loader = torch.utils.data.DataLoader(dataset, num_workers=2, batch_size=None,
                                          persistent_workers=True, multiprocessing_context="fork")
     shard0, shard1 = all_keys(2, 5)[:5], all_keys(2, 5)[5:]
@@ -283,7 +308,7 @@ def test_with_epoch_continues_in_persistent_workers(tmp_path):
 def test_forked_workers_start_their_own_epoch_iterator(tmp_path):
     urls = make_shards(tmp_path, 2, 5)
     dataset = DataPipeline(SimpleShardList(urls), split_by_worker, tarfile_to_samples(),
-                           keys).with_epoch(3)
+                           keys).with_epoch(3, continuous=True)
     assert list(dataset) == all_keys(2, 5)[:3]  # the main process keeps an iterator
     loader = torch.utils.data.DataLoader(dataset, num_workers=2, batch_size=None,
                                          multiprocessing_context="fork")

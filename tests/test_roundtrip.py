@@ -35,7 +35,7 @@ def test_tarwriter_round_trip(impl, tmp_path):
         for g, s in zip(got, originals):
             assert g["bin"] == s["bin"]
             assert g["txt"] == s["txt"].encode()
-            assert set(g) == {"__key__", "__url__", "__local_path__", "bin", "txt", "seg.png.gz"}
+            assert set(g) == {"__key__", "__url__", "bin", "txt", "seg.png.gz"}
         listing = subprocess.run(["tar", "tf", path], capture_output=True, text=True, check=True)
         assert listing.stdout.splitlines()[:3] == ["dir/sample00000.bin", "dir/sample00000.seg.png.gz",
                                                    "dir/sample00000.txt"]

@@ -1,9 +1,12 @@
 """Tests of the webdataset helpers in wdsmp.utils that live there: iteration helpers,
 sample weights, the security flag; the names it re-exports are tested with their modules."""
 
+import os
+
 import numpy as np
 import pytest
 
+import wdsmp
 import wdsmp.utils as utils
 
 
@@ -32,8 +35,17 @@ def test_enforce_security_follows_the_environment(monkeypatch):
     assert "enforce_security" in dir(utils)
 
 
-def test_enforce_security_cannot_be_assigned(monkeypatch):
+def test_enforce_security_assignment_sets_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("WDS_SECURE", "1")
-    with pytest.raises(AttributeError, match="WDS_SECURE"):
-        utils.enforce_security = False  # would silently leave the program without the security it asked for
-    assert utils.enforce_security is True
+    utils.enforce_security = False  # webdataset's switch: overrides WDS_SECURE for the process
+    assert utils.enforce_security is False and os.environ["WDS_SECURE"] == "0"
+    path = tmp_path / "x"
+    path.write_bytes(b"x")
+    with wdsmp.gopen(str(path)) as stream:
+        assert stream.read() == b"x"
+    utils.enforce_security = True
+    assert utils.enforce_security is True and os.environ["WDS_SECURE"] == "1"
+    with pytest.raises(wdsmp.ShardError, match="refused in secure mode"):
+        wdsmp.gopen(str(path))
+    with pytest.raises(TypeError, match="True or False"):
+        utils.enforce_security = "yes"

@@ -64,6 +64,12 @@ def secure():
     return _flag("WDS_SECURE")
 
 
+def set_secure(flag):
+    """Set ``WDS_SECURE`` to 1 or 0 (``wdsmp.utils.enforce_security = flag``): for this process,
+    and for the worker processes and commands it starts from now on, which inherit it."""
+    os.environ["WDS_SECURE"] = "1" if flag else "0"
+
+
 def rewrite_rules():
     """URL rewrite rules ``[(variable, regex, replacement), ...]``, in the order they are tried.
 

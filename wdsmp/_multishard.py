@@ -149,10 +149,11 @@ class MultiShardSample(IterableDataset):
         prefix = expand(prefix)
         self.sources = [_parse_dataset(ds, i, spec, prefix, origin) for i, ds in enumerate(datasets)]
 
-    def set_epoch(self, epoch):
-        """Reseed, so that every process that sets epoch ``epoch`` draws the same shards."""
-        self.epoch = epoch
-        self.rng = random.Random(epoch if self.seed is None else make_seed(self.seed, epoch))
+    def set_epoch(self, seed):
+        """Reseed, so that every process that sets the epoch ``seed`` (webdataset's name for it)
+        draws the same shards."""
+        self.epoch = seed
+        self.rng = random.Random(seed if self.seed is None else make_seed(self.seed, seed))
 
     def get_shards_for_epoch(self):
         """One epoch's URLs: each dataset's share, shuffled together."""

@@ -21,22 +21,22 @@ _LIST_SEPARATOR = re.compile(r"::(?![^\[]*\])")
 _VARIABLE = re.compile(r"\$\{(\w+)\}")
 
 
-def envlookup(match):
-    """The value of ``WDS_<name>`` for a ``${name}`` regex match; ValueError when it is unset."""
-    value = _env.wds_variable(match.group(1))
+def envlookup(m):  # webdataset's parameter name
+    """The value of ``WDS_<name>`` for a ``${name}`` regex match ``m``; ValueError when it is unset."""
+    value = _env.wds_variable(m.group(1))
     if value is None:
-        raise ValueError(f"shard spec uses ${{{match.group(1)}}} but WDS_{match.group(1)} is not set")
+        raise ValueError(f"shard spec uses ${{{m.group(1)}}} but WDS_{m.group(1)} is not set")
     return value
 
 
-def envsubst(spec):
-    """Replace ``${name}`` with the environment variable ``WDS_name`` (webdataset's rule)."""
+def envsubst(s):  # webdataset's parameter name
+    """Replace ``${name}`` in the spec ``s`` with the environment variable ``WDS_name`` (webdataset's rule)."""
     for _ in range(10):  # values may name further variables; bounded, so no cycles
-        expanded = _VARIABLE.sub(envlookup, spec)
-        if expanded == spec:
+        expanded = _VARIABLE.sub(envlookup, s)
+        if expanded == s:
             break
-        spec = expanded
-    return spec
+        s = expanded
+    return s
 
 
 def _globbed(url):

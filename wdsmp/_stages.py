@@ -11,12 +11,13 @@ that loop, for every stage and shard reader). Before that, the
 exception gets a note (``add_note``) naming the stage, the sample's
 ``__key__`` and ``__url__`` and the field, keeping its type and message
 (wdsmp's own errors, which name the shard and member already, get none). A
-field that is missing is a :class:`~wdsmp.errors.SampleError` naming the
-shard, the key, the wanted field and the fields the sample does have,
-where webdataset would silently produce a wrong sample or a bare KeyError.
+field that is missing is a :class:`~wdsmp.errors.MissingFieldError` (a
+SampleError, a KeyError and a ValueError) naming the shard, the key, the
+wanted field and the fields the sample does have, where webdataset would
+silently produce a wrong sample or a bare KeyError.
 """
 
-from .errors import SampleError, WdsmpError
+from .errors import MissingFieldError, SampleError, WdsmpError
 
 __all__ = [
     "Curried",
@@ -25,6 +26,7 @@ __all__ = [
     "add_note",
     "handle_each",
     "handled",
+    "missing_field",
     "need_dict",
     "pipelinefilter",
     "sample_error",
@@ -116,11 +118,16 @@ def handle_each(data, step, handler, stage=None, where=None):
                 break
 
 
-def sample_error(stage, problem, sample):
-    """A SampleError about ``sample`` naming its shard, key and fields."""
+def sample_error(stage, problem, sample, error=SampleError):
+    """An ``error`` (a SampleError) about ``sample`` naming its shard, key and fields."""
     fields = ", ".join(repr(k) for k in sample)
-    return SampleError(f"{stage}: {problem}; the sample has fields {fields}",
-                       url=sample.get("__url__"), member=sample.get("__key__"))
+    return error(f"{stage}: {problem}; the sample has fields {fields}",
+                 url=sample.get("__url__"), member=sample.get("__key__"))
+
+
+def missing_field(stage, problem, sample):
+    """The MissingFieldError of a stage that did not find a field in ``sample``."""
+    return sample_error(stage, problem, sample, MissingFieldError)
 
 
 def need_dict(stage, sample):

@@ -54,11 +54,11 @@ def combine_values(b, combine_tensors=True, combine_scalars=True, name=None):
     return list(b)
 
 
-def tuple2dict(sample):
-    """A tuple/list as a dict keyed by position; a dict as it is."""
-    if isinstance(sample, dict):
-        return sample
-    return dict(enumerate(sample))
+def tuple2dict(l):  # noqa: E741 (webdataset's parameter name)
+    """A tuple/list ``l`` as a dict keyed by position; a dict as it is."""
+    if isinstance(l, dict):
+        return l
+    return dict(enumerate(l))
 
 
 def dict2tuple(d):

@@ -20,6 +20,16 @@ The contenders (``CONTENDERS``), each run with the same worker count:
   call by call, times N workers: what N workers could reach if decoding were
   all they did, with no crop, resize, batching or transfer.
 
+With ``--swap-import`` (``SWAP_CONTENDERS``), two more: "your WebDataset pipeline,
+import swapped", the same user code ``wds.WebDataset(urls, shardshuffle=100)
+.shuffle(1000).decode("pil").to_tuple("jpg;ppm", "cls").map_tuple(transform, int)
+.batched(B)`` in ``DataLoader(num_workers=N, batch_size=None, persistent_workers=True)``,
+once with ``import webdataset as wds`` (1.0.2, the ``bench`` extra; skipped with a
+note when it is not installed) and once with ``import wdsmp as wds``. ``transform``
+is torchvision's ``RandomResizedCrop(224)``, ``RandomHorizontalFlip()`` and
+``ToTensor()`` written with PIL, numpy and torch: batches of (B, 3, 224, 224)
+float32 tensors.
+
 The contenders run one after the other, ``--rounds`` times over (so that a
 busy moment on a shared machine hits all of them alike); each one's best round
 is reported, its ratio to the DataLoader pipeline's best round beside it.
@@ -54,11 +64,13 @@ import simplejpeg
 import torch
 from PIL import Image
 
+import wdsmp
+
 from . import (DataPipeline, FastLoader, SimpleShardList, batched, decode, map_tuple, split_by_worker,
                tarfile_to_samples, to_tuple)
 
-__all__ = ["BASELINE", "CONTENDERS", "CROP_SIZE", "Corpus", "Result", "as_json", "best", "header", "machine",
-           "open_corpus", "run", "summary"]
+__all__ = ["BASELINE", "CONTENDERS", "CROP_SIZE", "SWAP_CONTENDERS", "Corpus", "Result", "as_json", "best",
+           "contenders", "header", "machine", "open_corpus", "run", "summary"]
 
 BASELINE = "DataLoader pipeline"
 CROP_SIZE = 224
@@ -161,6 +173,15 @@ class RandomResizedCropFlip:
         if random.random() < 0.5:
             image = image.transpose(Image.FLIP_LEFT_RIGHT)
         return np.asarray(image)
+
+
+class CropFlipToTensor(RandomResizedCropFlip):
+    """torchvision's ``RandomResizedCrop(size)``, ``RandomHorizontalFlip()`` and ``ToTensor()``:
+    PIL image -> (3, size, size) float32 tensor in [0, 1]."""
+
+    def __call__(self, image):
+        pixels = torch.from_numpy(np.array(super().__call__(image)))
+        return pixels.permute(2, 0, 1).contiguous().float().div_(255)
 
 
 class ProcessTree:
@@ -270,6 +291,28 @@ def dataloader_pipeline(corpus, args):
     return measure_loader(lambda: make_dataloader(corpus, args), args)
 
 
+def user_webdataset_loader(wds, corpus, args):
+    """The WebDataset pipeline a user writes, with ``wds`` the library it was imported as."""
+    dataset = (wds.WebDataset(corpus.urls, shardshuffle=100).shuffle(1000).decode("pil")
+               .to_tuple("jpg;ppm", "cls").map_tuple(CropFlipToTensor(CROP_SIZE), int).batched(args.batch_size))
+    return torch.utils.data.DataLoader(dataset, num_workers=args.workers, batch_size=None,
+                                       persistent_workers=True)
+
+
+def webdataset_swapped_out(corpus, args):
+    """The user's pipeline with ``import webdataset as wds``; a note when it is not installed."""
+    try:
+        import webdataset
+    except ImportError:
+        return Result(None, note="webdataset is not installed (pip install 'wdsmp[bench]'): its row is empty")
+    return measure_loader(lambda: user_webdataset_loader(webdataset, corpus, args), args)
+
+
+def wdsmp_swapped_in(corpus, args):
+    """The same pipeline with ``import wdsmp as wds``."""
+    return measure_loader(lambda: user_webdataset_loader(wdsmp, corpus, args), args)
+
+
 def _decode_ppm(data):
     """Binary 8-bit RGB PPM (as make_corpus writes it) -> (H, W, 3) uint8, copied."""
     magic, width, height, maxval = data[:32].split(maxsplit=4)[:4]
@@ -327,6 +370,17 @@ CONTENDERS = {
     "decode-only ceiling": decode_ceiling,
 }
 
+# With --swap-import: the user's WebDataset pipeline, with either library imported as wds.
+SWAP_CONTENDERS = {
+    "WebDataset pipeline, import webdataset": webdataset_swapped_out,
+    "WebDataset pipeline, import wdsmp": wdsmp_swapped_in,
+}
+
+
+def contenders(args):
+    """The contenders ``args`` asks for, in the order they run."""
+    return {**CONTENDERS, **(SWAP_CONTENDERS if getattr(args, "swap_import", False) else {})}
+
 
 def _cell(value, fmt):
     return "-" if value is None else fmt.format(value)
@@ -339,6 +393,9 @@ def table(results, corpus_size):
              "| peak PSS (MB) | PSS growth (MB) over epochs | other load (cores) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
+        if r.images_per_s is None:
+            lines.append(f"| {name} | - |" + " - |" * 7)
+            continue
         per_cpu = r.images_per_s / r.cpu_cores if r.cpu_cores else None
         pss = r.peak_pss / 2**20 if r.peak_pss is not None else None
         growth = (f"{r.pss_growth / 2**20:+,.0f} over {r.images / corpus_size:.1f}"
@@ -377,27 +434,48 @@ def run(corpus, args, log=None):
         with open(url, "rb") as stream:
             while stream.read(1 << 24):
                 pass
-    rounds = {name: [] for name in CONTENDERS}
+    chosen = contenders(args)
+    rounds = {name: [] for name in chosen}
     for round_ in range(1, args.rounds + 1):
-        for name, contender in CONTENDERS.items():
-            rounds[name].append(contender(corpus, args))
-            if log is not None:
-                print(f"# round {round_}/{args.rounds}: {name}: {rounds[name][-1].images_per_s:,.0f} images/s",
+        for name, contender in chosen.items():
+            result = contender(corpus, args)
+            rounds[name].append(result)
+            if log is not None and result.images_per_s is not None:
+                print(f"# round {round_}/{args.rounds}: {name}: {result.images_per_s:,.0f} images/s",
                       file=log, flush=True)
     return rounds
 
 
 def best(rounds):
     """Each contender's best round."""
-    return {name: max(results, key=lambda r: r.images_per_s) for name, results in rounds.items()}
+    return {name: max(results, key=lambda r: r.images_per_s or 0.0) for name, results in rounds.items()}
+
+
+def _swap_note(results):
+    """The swapped import's rate against webdataset's, when both ran."""
+    theirs, ours = (results.get(name) for name in SWAP_CONTENDERS)
+    if theirs is None or ours is None or not theirs.images_per_s:
+        return []
+    return [f"- import swapped: wdsmp delivers {ours.images_per_s / theirs.images_per_s:.2f}x the images/s of "
+            f"webdataset {_webdataset_version()} running the same user code"]
+
+
+def _webdataset_version():
+    try:
+        from importlib.metadata import version
+
+        return version("webdataset")
+    except Exception:  # noqa: BLE001 (only a label)
+        return "(version unknown)"
 
 
 def summary(rounds, corpus):
     """The table of the best rounds, with the notes and every round's rate below it (Markdown)."""
     results = best(rounds)
-    notes = [f"- {r.note}" for r in results.values() if r.note]
+    notes = [f"- {r.note}" for r in results.values() if r.note] + _swap_note(results)
     notes.append("- images/s in each round: " + "; ".join(
-        f"{name} {', '.join(f'{r.images_per_s:,.0f}' for r in results)}" for name, results in rounds.items()))
+        f"{name} {', '.join(f'{r.images_per_s:,.0f}' for r in results if r.images_per_s is not None) or '-'}"
+        for name, results in rounds.items()))
     return table(results, corpus.index["samples"]) + "\n\n" + "\n".join(notes)
 
 

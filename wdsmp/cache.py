@@ -174,6 +174,8 @@ def url_to_cache_name(url, ndir=0):
     reuse a cache directory filled by webdataset. URLs of other schemes
     (``pipe:`` ...) are quoted whole, keeping the last 128 characters.
     """
+    if not isinstance(url, str):
+        raise TypeError(f"url_to_cache_name needs a URL string, not {url!r}")
     parts = urllib.parse.urlsplit(url)
     if parts.scheme in ("", "file", "http", "https", "ftp", "ftps", "gs", "s3", "ais"):
         components = parts.path.lstrip("/").split("/")
@@ -317,12 +319,15 @@ class FileCache:
     process fetches the same URL, after which the shard is read from its source
     without caching, with a warning. ``always``: cache local files too.
     ``verbose``: say what the cache does, on stderr. ``handler``: what an error
-    opening a URL does to the stage.
+    opening a URL does to the stage. ``cache_cleanup_interval`` is accepted for
+    webdataset's signature, where it spaces out the size checks: here the cap is
+    kept each time a shard is added, so there is nothing to space out.
     """
 
     def __init__(self, cache_dir=_DEFAULT, *, url_to_name=url_to_name, verbose=False,
                  validator=check_tar_format, handler=reraise_exception, cache_size=-1,
-                 lock_timeout=_DEFAULT_LOCK_TIMEOUT, always=False, cache_name=None):
+                 cache_cleanup_interval=30, lock_timeout=_DEFAULT_LOCK_TIMEOUT, always=False,
+                 cache_name=None):
         if cache_dir is _DEFAULT:
             cache_dir = _default_cache_dir()
         if not isinstance(lock_timeout, (int, float)) or not lock_timeout >= 0:  # NaN too
@@ -409,7 +414,7 @@ class FileCache:
         return path
 
     def __call__(self, urls):
-        return url_opener(urls, handler=self.handler, opener=self.open)
+        return url_opener(urls, handler=self.handler, opener=self.open, local_paths=True)
 
 
 class StreamingOpen:

@@ -103,6 +103,14 @@ class FluidInterface:
         """Decode fields with decoders chosen by extension pattern."""
         return self.compose(filters.xdecode(*args, **kw))
 
+    def mcached(self):
+        """Keep the samples of the first complete pass in memory and replay them afterwards."""
+        return self.compose(filters.Cached())
+
+    def lmdb_cached(self, *args, **kw):
+        """Keep the samples of the first complete pass in an LMDB database (``filters.LMDBCached``)."""
+        return self.compose(filters.LMDBCached(*args, **kw))
+
     def compose(self, *args, **kw):
         """A copy with stages appended, or ``cls(self, *args)`` for a class (the older form).
 
@@ -157,10 +165,10 @@ class WebDataset(FluidInterface, DataPipeline):
     """
 
     def __init__(self, urls, handler=reraise_exception, mode=None, resampled=False, repeat=False,
-                 shardshuffle=None, cache_size=-1, cache_dir=None, cache_name=None,
-                 url_to_name=None, detshuffle=False, nodesplitter=shardlists.single_node_only,
+                 shardshuffle=None, cache_size=-1, cache_dir=None, url_to_name=None,
+                 detshuffle=False, nodesplitter=shardlists.single_node_only,
                  workersplitter=shardlists.split_by_worker, select_files=None, rename_files=None,
-                 empty_check=True, verbose=False, seed=None):
+                 empty_check=True, verbose=False, seed=None, cache_name=None):
         super().__init__()
         resampled = resampled or mode == "resampled"
         if shardshuffle is True:
@@ -210,8 +218,8 @@ class WebDataset(FluidInterface, DataPipeline):
         cache_dir = cache_dir if cache_dir is not None else _env.cache_dir()
         if cache_size == -1 and _env.cache_size() is not None:
             cache_size = _env.cache_size()
-        if cache_dir is None or cache_size == 0:
-            return filters.pipelinefilter(url_opener)(handler=handler)
+        if cache_dir is None or cache_size == 0:  # local files give __local_path__, as in webdataset
+            return filters.pipelinefilter(url_opener)(handler=handler, local_paths=True)
         from . import cache
         kw = dict(handler=handler, cache_dir=cache_dir, verbose=verbose)
         if cache_size is not None and cache_size > 0:

@@ -1,19 +1,29 @@
 """Exception types of wdsmp.
 
-Every error subclasses a builtin as well as :class:`WdsmpError`, so code that
-catches ``OSError`` or ``ValueError`` (as code written for webdataset does)
-keeps working, and code that wants to can catch everything wdsmp raises.
+Every error subclasses :class:`WdsmpError` and the builtin type webdataset
+raises in the same case, so ``except`` clauses written for webdataset keep
+catching: a damaged tar or gzip shard is a ``tarfile.ReadError`` (and a
+``ValueError``), a missing field a ``KeyError`` as well as a ``ValueError``
+(webdataset raises the one in ``map_dict``, the other in ``to_tuple`` and
+``rename``), a missing local shard a ``FileNotFoundError``, a URL that secure
+mode refuses a ``ValueError``. Code that wants
+to can catch everything wdsmp raises.
 
 Errors about data carry where it happened: the shard URL, the tar member and
 the byte offset in the (decompressed) tar stream, both as attributes and in the
 message, so a log line is enough to find the bad bytes.
 """
 
+import tarfile
+
 __all__ = [
     "WdsmpError",
     "ShardError",
+    "ShardNotFoundError",
+    "SecureModeError",
     "TarFormatError",
     "SampleError",
+    "MissingFieldError",
     "DecodeError",
     "WorkerError",
     "PipeError",
@@ -44,6 +54,9 @@ class _Located:
         self.offset = offset
         super().__init__(f"{problem} ({_where(url, member, offset)})")
 
+    # The message as it was given: KeyError, a base of MissingFieldError, would quote it.
+    __str__ = BaseException.__str__
+
     def __reduce__(self):
         # Keep the attributes when the error crosses a process boundary.
         return (type(self), (self.problem, self.url, self.member, self.offset))
@@ -53,12 +66,26 @@ class ShardError(_Located, WdsmpError, OSError):
     """A shard could not be opened or read (missing file, failing command)."""
 
 
-class TarFormatError(_Located, WdsmpError, ValueError):
-    """A shard is not a well-formed tar archive (truncated, bad checksum, ...)."""
+class ShardNotFoundError(ShardError, FileNotFoundError):
+    """A local shard that does not exist (webdataset lets ``open`` raise FileNotFoundError)."""
+
+
+class SecureModeError(ShardError, ValueError):
+    """Secure mode refused a URL (a local file, a command, ``-``): a ValueError, as in webdataset."""
+
+
+class TarFormatError(_Located, WdsmpError, tarfile.ReadError, ValueError):
+    """A shard is not a well-formed tar archive (truncated, bad checksum, corrupt gzip, ...);
+    a ``tarfile.ReadError``, as webdataset's reader raises."""
 
 
 class SampleError(_Located, WdsmpError, ValueError):
     """Tar members do not group into samples (duplicate or interleaved members)."""
+
+
+class MissingFieldError(SampleError, KeyError):
+    """A sample lacks a field a stage asks for: a ``KeyError`` as webdataset's ``map_dict``
+    raises, and a ``ValueError`` as its ``to_tuple`` and ``rename`` do."""
 
 
 class DecodeError(_Located, WdsmpError, ValueError):

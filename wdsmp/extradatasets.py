@@ -74,21 +74,24 @@ class repeatedly(IterableDataset, PipelineStage):  # noqa: N801 (webdataset's na
 
 
 class with_epoch(IterableDataset):  # noqa: N801 (webdataset's name)
-    """Epochs of exactly ``length`` items cut from an endless pass over ``dataset``.
+    """Epochs of exactly ``length`` items from ``dataset``, passed through as often as needed.
 
-    One iterator over ``dataset`` is kept between epochs, and restarted when it
-    runs dry, so successive epochs continue through the data instead of
-    rereading its start. The kept iterator belongs to the process that made
-    it: it is dropped on pickling and ignored after a fork. An epoch is
-    shorter only when the dataset is empty. ``len()`` is ``length``.
-    (For a DataPipeline, its own ``.with_epoch(n)`` does the same.)
+    Each epoch starts a new pass over ``dataset``, as webdataset's does after a
+    complete epoch (NOTE [epoch iterator] in :mod:`wdsmp.pipeline`).
+    ``continuous=True`` keeps one pass between epochs instead, restarted when
+    it runs dry, so successive epochs continue through the data rather than
+    reread its start. The kept iterator belongs to the process that made it:
+    it is dropped on pickling and ignored after a fork. An epoch is shorter
+    only when the dataset is empty. ``len()`` is ``length``. (For a
+    DataPipeline, its own ``.with_epoch(n)`` does the same.)
     """
 
-    def __init__(self, dataset, length):
+    def __init__(self, dataset, length, *, continuous=False):
         super().__init__()
         _check_length(length, "with_epoch length")
         self.dataset = dataset
         self.length = length
+        self.continuous = bool(continuous)
         self.source = None
         self._source_pid = None
 
@@ -111,6 +114,8 @@ class with_epoch(IterableDataset):  # noqa: N801 (webdataset's name)
             return next(self.source)
 
     def __iter__(self):
+        if not self.continuous:
+            self.source = None
         for _ in range(self.length):
             try:
                 item = self._next()

@@ -1,7 +1,7 @@
 """Stages that address fields by name: alternatives, tuples, renaming, globs, xdecode.
 
 A field spec names one field or alternatives, ``"jpg;png"``: the first one a
-sample has is used. A field that is missing is a SampleError naming the
+sample has is used. A field that is missing is a MissingFieldError naming the
 shard, the key, the spec and the fields the sample has (NOTE [stage errors]
 in :mod:`wdsmp._stages`). :mod:`wdsmp.filters` re-exports these names, where
 webdataset has them.
@@ -12,7 +12,7 @@ import pickle
 from fnmatch import fnmatch
 
 from . import _env
-from ._stages import handle_each, need_dict, pipelinefilter, sample_error
+from ._stages import handle_each, missing_field, need_dict, pipelinefilter, sample_error
 from .autodecode import imagehandler
 from .handlers import reraise_exception
 from .utils import identity
@@ -58,7 +58,7 @@ def _first(sample, alternatives, stage, missing_is_error=True, default=None):
         if value is not _MISSING:
             return value
     if missing_is_error:
-        raise sample_error(stage, f"no field {_spec_text(alternatives)!r}", sample)
+        raise missing_field(stage, f"no field {_spec_text(alternatives)!r}", sample)
     return default
 
 
@@ -154,7 +154,7 @@ def _extract_keys(source, *patterns, duplicate_is_error=True, ignore_missing=Fal
             if not matches:
                 if ignore_missing:
                     continue
-                raise sample_error("extract_keys", f"no field matches {_spec_text(alts)!r}", sample)
+                raise missing_field("extract_keys", f"no field matches {_spec_text(alts)!r}", sample)
             if len(matches) > 1 and duplicate_is_error:
                 raise sample_error("extract_keys", f"fields {matches} all match "
                                    f"{_spec_text(alts)!r}", sample)
@@ -193,7 +193,7 @@ def _rename_keys(source, *args, keep_unselected=False, must_match=True, duplicat
             result[new[1]] = value
         unmatched = [p for p, _ in renamings[::-1] if p not in matched]
         if must_match and unmatched:
-            raise sample_error("rename_keys", f"no field matches {unmatched}", sample)
+            raise missing_field("rename_keys", f"no field matches {unmatched}", sample)
         yield result
 
     yield from handle_each(source, renamed, handler, "rename_keys")

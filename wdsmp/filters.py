@@ -21,9 +21,9 @@ from ._stages import (
     FilterFunction,
     RestCurried,
     handle_each,
+    missing_field,
     need_dict,
     pipelinefilter,
-    sample_error,
 )
 from .autodecode import Decoder
 from .batching import (
@@ -50,6 +50,7 @@ from .fields import (
     transform_with,
     xdecode,
 )
+from ._sharedint import SharedInt
 from .handlers import reraise_exception
 from .utils import PipelineStage, identity, make_seed, pytorch_worker_info
 
@@ -237,29 +238,57 @@ def _shuffle(data, bufsize=1000, initial=100, rng=None, seed=None, handler=None)
 shuffle = pipelinefilter(_shuffle)
 
 
-class detshuffle(PipelineStage):
-    """A shuffle whose order follows from (seed, epoch, rank, worker).
+def _epoch_seed(seed, epoch):
+    """webdataset's ``seed + epoch`` for an integer seed, so that the orders are its own; a
+    stable hash of both for any other seed."""
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return seed + epoch
+    return make_seed(seed, epoch)
 
-    With ``epoch=-1`` the epoch advances by one each time the stage is iterated
-    (0 first), as webdataset's does; ``set_epoch`` (or an ``epoch >= 0``) pins it,
-    which is what a pipeline with fresh DataLoader workers each epoch needs.
+
+class detshuffle(PipelineStage):
+    """A shuffle whose order follows from ``seed`` and the epoch alone.
+
+    The order is the same in every worker and on every node, so the stage may
+    come before ``split_by_node`` / ``split_by_worker``, which then still
+    partition the shards (as in webdataset, whose orders these are: its random
+    generator is seeded with ``seed + epoch``). The epoch advances by one each
+    time the stage is iterated, from ``epoch + 1`` (0 first by default), as
+    webdataset's does. ``set_epoch(n)`` pins it to ``n`` instead; the pinned
+    epoch reaches DataLoader workers, persistent ones included, started after
+    the first ``set_epoch`` (NOTE [shared epoch] in :mod:`wdsmp._sharedint`).
     """
 
     def __init__(self, bufsize=1000, initial=100, seed=0, epoch=-1):
         self.bufsize = bufsize
         self.initial = initial
         self.seed = seed
-        self.epoch = epoch
-        self.advancing = epoch < 0
+        self._epoch = epoch
+        self._pinned = None  # a SharedInt once set_epoch was called
+
+    @property
+    def epoch(self):
+        """The epoch of the latest (or, when pinned, every) iteration."""
+        return self._epoch if self._pinned is None else self._pinned.value
+
+    @epoch.setter
+    def epoch(self, epoch):
+        if self._pinned is None:
+            self._epoch = epoch
+        else:
+            self._pinned.value = epoch
 
     def set_epoch(self, epoch):
-        self.epoch = epoch
-        self.advancing = False
+        """Use epoch ``epoch`` from the next iteration on, in this process and its workers."""
+        if self._pinned is None:
+            self._pinned = SharedInt(epoch)
+        self._pinned.value = epoch
 
     def run(self, src):
-        if self.advancing:
-            self.epoch += 1
-        return _shuffle(src, self.bufsize, self.initial, seed=(self.seed, self.epoch))
+        if self._pinned is None:
+            self._epoch += 1
+        rng = random.Random(_epoch_seed(self.seed, self.epoch))
+        return _shuffle(src, self.bufsize, self.initial, rng=rng)
 
 
 def _rsample(data, p=0.5):
@@ -330,7 +359,7 @@ def _map_dict(data, handler=reraise_exception, **kw):
         result = dict(need_dict("map_dict", sample))
         for field, f in kw.items():
             if field not in result:
-                raise sample_error("map_dict", f"no field {field!r}", result)
+                raise missing_field("map_dict", f"no field {field!r}", result)
             result[field] = f(result[field])
         yield result
 
@@ -376,7 +405,7 @@ def _associate(data, associator, handler=reraise_exception):
 
     def add(sample):
         if "__key__" not in need_dict("associate", sample):
-            raise sample_error("associate", "no field '__key__'", sample)
+            raise missing_field("associate", "no field '__key__'", sample)
         key = sample["__key__"]
         yield {**sample, **(associator(key) if callable(associator) else associator.get(key, {}))}
 
@@ -481,3 +510,16 @@ class LMDBCached(PipelineStage):
         with db.begin(write=True) as txn:
             for key, value in items:
                 txn.put(key, value)
+
+
+# -- the generators behind the stages, under webdataset's names: user code imports them
+# (``from webdataset.filters import _shuffle``) to build stages of its own.
+
+_batched = batched.f
+_extract_keys = extract_keys.f
+_rename = rename.f
+_rename_keys = rename_keys.f
+_to_tuple = to_tuple.f
+_unbatched = unbatched.f
+_unlisted = unlisted.f
+_xdecode = xdecode.f

@@ -43,7 +43,7 @@ import tempfile
 from urllib.parse import quote, unquote, urlsplit
 
 from . import _env
-from .errors import PipeError, ShardError
+from .errors import PipeError, SecureModeError, ShardError, ShardNotFoundError
 
 __all__ = [
     "Pipe",
@@ -325,7 +325,8 @@ def gopen_file(url, mode="rb", bufsize=8192, **kw):
         return open(path, mode, buffering=bufsize)
     except OSError as exn:
         action = "reading" if mode == "rb" else "writing"
-        raise ShardError(f"cannot open {path!r} for {action}: {exn.strerror or exn}", url=url) from exn
+        error = ShardNotFoundError if isinstance(exn, FileNotFoundError) else ShardError
+        raise error(f"cannot open {path!r} for {action}: {exn.strerror or exn}", url=url) from exn
 
 
 def gopen_pipe(url, mode="rb", bufsize=8192, timeout=3600.0, ignore_status=(),
@@ -532,7 +533,7 @@ def _refuse_if_insecure(url, secure):
         what = "pipe: URLs (shell commands) are"
     else:
         return
-    raise ShardError(f"{what} refused in secure mode (set by {cause})", url=url)
+    raise SecureModeError(f"{what} refused in secure mode (set by {cause})", url=url)
 
 
 def _opener(url):

@@ -8,12 +8,23 @@ are flattened. The pipeline holds only its stages and a few numbers, so it
 pickles whenever its stages do, as spawned DataLoader workers need.
 
 NOTE [epoch iterator]: ``with_epoch(n)`` makes every ``__iter__`` yield
-exactly ``n`` items from one iterator kept between calls, restarting the
-stages whenever they run dry: successive epochs continue through the data
-rather than rereading its first ``n`` items. The kept iterator belongs to the
-process that made it: it is dropped on pickling and ignored after a fork, so
-a DataLoader worker starts its own. ``set_epoch`` drops it too, so that the
-new epoch's seeds take effect at once.
+exactly ``n`` items. As in webdataset, each ``__iter__`` starts the stages
+afresh (and again whenever they run dry), so a stage that reads the epoch
+when it starts -- a shard shuffle keyed on a shared epoch value in a
+persistent DataLoader worker -- reads the new epoch's value. With
+``with_epoch(n, continuous=True)`` one iterator is kept between calls
+instead, so that successive epochs continue through the data rather than
+reread its first ``n`` items. The kept iterator belongs to the process that
+made it: it is dropped on pickling and ignored after a fork, so a DataLoader
+worker starts its own. ``set_epoch`` drops it too, so that the new epoch's
+seeds take effect at once.
+
+NOTE [pipeline length]: as in webdataset, a pipeline has no ``__len__`` at
+all until its length is known (``hasattr(dataset, "__len__")`` is how
+training code, and torch's DataLoader, tell a sized dataset), from
+``with_length(n)`` or a counted source. Then its class is switched to a
+subclass that has one (``add_length_method``), made at run time and
+pickled as "rebuild as the original class, then add the length again".
 
 NOTE [counted source]: a pipeline whose source is a ``CountedSource``
 (stage 0, or the dataset of a DataLoader at stage 0, itself read from one)
@@ -89,30 +100,46 @@ def _size_len(self):
     return self.size
 
 
-def _rebuild_with_length(base, state):
+def _pipeline_len(self):
+    """A pipeline's length: from ``with_length``, else its counted source's."""
+    if self._length is not None:
+        return self._length
+    return len(counted_source(self))
+
+
+def _rebuild_with_length(base, state, length=_size_len):
     """Unpickle an object given a length by ``add_length_method``: rebuild as ``base``, then add it."""
     obj = base.__new__(base)
     if hasattr(obj, "__setstate__"):
         obj.__setstate__(state)
     else:
         obj.__dict__.update(state or {})
-    return add_length_method(obj)
+    return _with_len(obj, length)
 
 
 def _reduce_with_length(self, protocol):
-    base = type(self)._length_base
+    cls = type(self)
     getstate = getattr(self, "__getstate__", None)  # object has one only from Python 3.11
     state = getstate() if getstate is not None else dict(self.__dict__)
-    return _rebuild_with_length, (base, state)
+    return _rebuild_with_length, (cls._length_base, state, cls.__len__)
 
 
 @functools.lru_cache(maxsize=None)
-def _length_class(base):
-    """``base`` with ``__len__`` returning ``self.size``; one class per base, made once."""
-    namespace = {"__len__": _size_len, "__reduce_ex__": _reduce_with_length, "_length_base": base,
+def _length_class(base, length):
+    """``base`` with ``__len__`` = ``length``; one class per pair, made once."""
+    namespace = {"__len__": length, "__reduce_ex__": _reduce_with_length, "_length_base": base,
                  "__module__": base.__module__, "__qualname__": base.__qualname__ + "_Length"}
     bases = (base,) if issubclass(base, IterableDataset) else (base, IterableDataset)
     return type(base.__name__ + "_Length", bases, namespace)
+
+
+def _with_len(obj, length):
+    """``obj``, its class switched to one whose ``__len__`` is ``length``: NOTE [pipeline length]."""
+    cls = type(obj)
+    base = cls.__dict__.get("_length_base", cls)
+    if base is cls or cls.__len__ is not length:
+        obj.__class__ = _length_class(base, length)
+    return obj
 
 
 def add_length_method(obj):
@@ -122,11 +149,8 @@ def add_length_method(obj):
     method (and is an IterableDataset). That subclass is made at run time, so
     it pickles as "rebuild as the original class, then add the length again",
     and the object still travels to spawned DataLoader workers.
-    ``DataPipeline.with_length`` sets a plain attribute instead.
     """
-    if "_length_base" not in type(obj).__dict__:
-        obj.__class__ = _length_class(type(obj))
-    return obj
+    return _with_len(obj, _size_len)
 
 
 def _flatten(stages):
@@ -178,6 +202,8 @@ class DataPipeline(IterableDataset):
         if source is not None:
             source.check_stage(self, f)
         self.pipeline.append(f)
+        if where == 0 and counted_source(self) is not None:
+            _with_len(self, _pipeline_len)  # NOTE [pipeline length]
 
     def compose(self, *args, **kw):
         """A copy of the pipeline with ``args`` appended; the original is unchanged.
@@ -278,11 +304,13 @@ class DataPipeline(IterableDataset):
 
     # -- epochs and lengths
 
-    def with_epoch(self, nsamples=-1, nbatches=-1):
-        """Make each epoch exactly ``max(nsamples, nbatches)`` items; see NOTE [epoch iterator]."""
+    def with_epoch(self, nsamples=-1, nbatches=-1, *, continuous=False):
+        """Make each epoch exactly ``max(nsamples, nbatches)`` items, passing through the
+        stages as often as needed. Each epoch starts them afresh, as in webdataset;
+        ``continuous=True`` goes on where the last epoch stopped instead (NOTE [epoch iterator])."""
         self.repetitions = sys.maxsize
         self.nsamples = max(nsamples, nbatches)
-        self._keep = True
+        self._keep = bool(continuous)
         self._drop_source()
         return self
 
@@ -295,10 +323,10 @@ class DataPipeline(IterableDataset):
         return self
 
     def with_length(self, n, silent=False):
-        """Make ``len()`` return ``n``, for training loops that insist on one.
+        """Give the pipeline a ``__len__`` returning ``n``, for training loops that insist on one.
 
-        It changes nothing about how many items an epoch yields. A plain
-        attribute, not webdataset's patched class, so the pipeline still pickles.
+        It changes nothing about how many items an epoch yields. The pipeline
+        still pickles (NOTE [pipeline length]).
         """
         non_negative_int(n, "length")
         if not silent:
@@ -306,17 +334,10 @@ class DataPipeline(IterableDataset):
                           "some training environments; it does not change the number of samples "
                           "in an epoch", UserWarning, stacklevel=2)
         self._length = n
-        return self
-
-    def __len__(self):
-        if self._length is None and counted_source(self) is not None:
-            return len(counted_source(self))
-        if self._length is None:
-            raise TypeError("this DataPipeline has no length; set one with .with_length(n)")
-        return self._length
+        return _with_len(self, _pipeline_len)
 
     def __bool__(self):
-        return True  # never ask __len__, which may raise
+        return True  # a length of 0 does not make a pipeline false
 
     def set_epoch(self, epoch):
         """Tell every stage that has ``set_epoch`` the epoch (and a DataLoader stage's dataset);

@@ -112,15 +112,21 @@ def shardlist(urls, *, shuffle=False):
         yield {"url": url}
 
 
-def url_opener(data, handler=reraise_exception, opener=gopen, **kw):
-    """For each ``{"url": ...}`` (or URL string), add a ``stream`` opened by ``opener(url, **kw)``."""
+def url_opener(data, handler=reraise_exception, opener=gopen, local_paths=False, **kw):
+    """For each ``{"url": ...}`` (or URL string), add a ``stream`` opened by ``opener(url, **kw)``.
+
+    ``local_paths=True`` also adds ``local_path`` for a local file, which
+    ``tar_file_expander`` passes on to its members as ``__local_path__``:
+    webdataset's ``WebDataset`` opener and ``FileCache`` do, its ``url_opener``
+    (hence ``tarfile_to_samples``) does not.
+    """
 
     def opened(sample):
         if isinstance(sample, str):
             sample = {"url": sample}
         url = sample["url"]
         sample = dict(sample, stream=opener(url, **kw))
-        path = local_path(url)
+        path = local_path(url) if local_paths else None
         if path is not None:
             sample.setdefault("local_path", path)
         yield sample
@@ -212,12 +218,15 @@ def tar_file_iterator(fileobj, skip_meta=_META_FILES, handler=reraise_exception,
 
 
 def tar_file_expander(data, handler=reraise_exception, select_files=None, rename_files=None,
-                      boundaries=False):
+                      eof_value=None, boundaries=False):
     """Members of every shard in ``data`` (dicts with ``url`` and ``stream``).
 
-    With ``boundaries=True`` (as ``tarfile_samples`` uses it) each shard is
-    followed by ``SHARD_END``, or by a ``ShardFailed`` marker when it broke
-    midway; by default only member dicts come out, as webdataset's do.
+    ``eof_value``, unless None, follows each shard that ended cleanly
+    (webdataset's default is ``{}``, which ``group_by_keys`` takes as the end
+    of a shard; wdsmp's is None, the value that code written for webdataset
+    passes to have none). With ``boundaries=True`` (as ``tarfile_samples``
+    uses it) each shard is followed by ``SHARD_END``, or by a ``ShardFailed``
+    marker when it broke midway.
     """
 
     def members(source):
@@ -243,6 +252,8 @@ def tar_file_expander(data, handler=reraise_exception, select_files=None, rename
             stream.close()
         if boundaries:
             yield SHARD_END
+        if eof_value is not None:
+            yield eof_value
 
     yield from handle_each(data, members, handler)
 
@@ -264,17 +275,21 @@ def _complete(sample, boundary, keys):
 def group_by_keys(data, keys=base_plus_ext, lcase=True, suffixes=None, handler=None):
     """Group consecutive members with the same key into sample dicts.
 
-    A sample gets ``__key__``, ``__url__`` (and ``__local_path__`` for local
-    files) and one entry per extension. It ends when the key changes or the
-    shard ends. A repeated extension, or a key that comes back after its
+    A sample gets ``__key__``, ``__url__`` (and ``__local_path__`` when the
+    members have one) and one entry per extension. It ends when the key
+    changes or the shard ends (a boundary marker, or an empty dict: webdataset's
+    end-of-shard value). A repeated extension, or a key that comes back after its
     sample ended, is a ``SampleError``; if ``handler`` lets the stream go on,
-    that whole sample is dropped.
+    that whole sample is dropped. ``keys(fname)`` splits a member name into
+    (key, extension); a key of None skips the member.
     """
     current = None
     closed = set()
     shard = None
     tracing = trace  # read once per stream, as a switch set before iterating
     for member in data:
+        if isinstance(member, dict) and not member:
+            member = SHARD_END
         if isinstance(member, _Boundary):
             if valid_sample(current) and _complete(current, member, keys):
                 yield current

@@ -5,11 +5,12 @@ names: who am I (``_workerinfo``), seeds (``_seeding``), brace patterns
 (``_braces``), names to objects (``_symbols``), deprecation
 (``_deprecation``).
 
-``enforce_security`` is read-only here: it reports ``WDS_SECURE`` at the
-moment it is read (webdataset reads it once, at import, into a flag that code
-may overwrite). Assigning to it raises, because wdsmp's checks read the
-environment, so a silently ignored assignment would leave a program that
-asked for security without it.
+``enforce_security`` is webdataset's switch for secure mode, kept working:
+reading it reports ``WDS_SECURE`` at that moment; assigning True or False
+sets ``WDS_SECURE`` to 1 or 0 for this process and the DataLoader workers and
+``pipe:`` commands it starts afterwards (webdataset's flag is a plain module
+variable, which a spawned worker would not see). wdsmp's checks read
+``WDS_SECURE`` when they run, so the assignment takes effect at once.
 """
 
 import itertools
@@ -123,13 +124,13 @@ def compute_sample_weights(n_w_pairs):
 # -- the security flag, read when it is asked for
 #
 # A module-level __getattr__ (PEP 562) would serve the reads, but not the assignment: that
-# would store a plain attribute which then shadows __getattr__, so the program would believe
-# it had set the flag. Setting the module's __class__ to a ModuleType subclass is the way
+# would store a plain attribute which then shadows __getattr__, and wdsmp's checks, which
+# read WDS_SECURE, would never see it. Setting the module's __class__ to a ModuleType subclass is the way
 # the language reference gives for customising attribute assignment on a module.
 
 
 class _UtilsModule(types.ModuleType):
-    """This module's type: it makes ``enforce_security`` a read-only view of ``WDS_SECURE``."""
+    """This module's type: it makes ``enforce_security`` a view of ``WDS_SECURE``."""
 
     @property
     def enforce_security(self):
@@ -138,8 +139,9 @@ class _UtilsModule(types.ModuleType):
 
     @enforce_security.setter
     def enforce_security(self, value):
-        raise AttributeError("wdsmp.utils.enforce_security follows the WDS_SECURE environment variable; "
-                             "set WDS_SECURE=1 (or pass secure=True where offered) instead of assigning it")
+        if not isinstance(value, (bool, int)):
+            raise TypeError(f"wdsmp.utils.enforce_security takes True or False, not {value!r}")
+        _env.set_secure(bool(value))
 
     def __dir__(self):
         return sorted({*super().__dir__(), "enforce_security"})

@@ -2,6 +2,7 @@
 
 import json
 import shlex
+import sys
 
 import numpy as np
 import simplejpeg
@@ -40,6 +41,27 @@ def test_bench_prints_the_three_contenders(tmp_path, capsys):
     rows = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| ")]
     assert rows == ["| contender", "| DataLoader pipeline", "| FastLoader", "| decode-only ceiling"]
     assert "round 1/1: FastLoader" in err
+
+
+def test_swap_import_adds_the_user_pipeline_with_each_library(tmp_path, capsys, monkeypatch):
+    _tiny_corpus(tmp_path)
+    argv = ["bench", "--corpus", str(tmp_path), "--workers", "1", "--batch-size", "8", "--seconds", "0.3",
+            "--warmup", "0", "--rounds", "1", "--swap-import"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = {line.split(" | ")[0][2:]: line for line in out.splitlines() if line.startswith("| ")}
+    assert list(rows)[-2:] == ["WebDataset pipeline, import webdataset", "WebDataset pipeline, import wdsmp"]
+    assert rows["WebDataset pipeline, import wdsmp"].split(" | ")[1] != "-"
+    try:
+        import webdataset  # noqa: F401
+    except ImportError:
+        assert "webdataset is not installed" in out
+    else:
+        assert "import swapped: wdsmp delivers" in out
+    monkeypatch.setitem(sys.modules, "webdataset", None)  # as if not installed
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "webdataset is not installed" in out and "| WebDataset pipeline, import webdataset | - |" in out
 
 
 def test_a_directory_that_is_not_a_corpus_is_a_usage_error(tmp_path, capsys):

@@ -38,6 +38,8 @@ def add_arguments(parser):
     parser.add_argument("--warmup", type=_number(float, "a number >= 0", lambda value: value >= 0), default=5.0,
                         help="seconds after the first batch, not timed")
     parser.add_argument("--rounds", type=positive_int, default=3, help="the best round of each contender is reported")
+    parser.add_argument("--swap-import", action="store_true",
+                        help="also run a user's WebDataset pipeline with webdataset and with wdsmp imported as wds")
 
 
 def add_parser(subparsers):
