@@ -7,6 +7,10 @@ check). Everything that runs rarely lives here once, so both report identical
 errors and agree on pax headers by construction.
 """
 
+import posixpath
+from collections import OrderedDict
+
+from . import _env
 from .errors import TarFormatError
 
 BLOCK = 512
@@ -15,9 +19,20 @@ MAX_MEMBER_SIZE = 1 << 56  # beyond any real member; keeps size arithmetic in ra
 # damaged or hostile 512-byte header may claim gigabytes.
 UNTRUSTED_CHUNK = 1 << 25
 
+# The most one member may hold, unless the reader is told otherwise: wdsmp holds each member
+# in memory, and a gzip-compressed shard of a few MB can expand to members of gigabytes.
+DEFAULT_MAX_MEMBER_SIZE = 1 << 30
+# Hard and symbolic links are resolved to the data of a member read at most this many bytes
+# of member data before them (NOTE [tar links]).
+LINK_WINDOW = 16 << 20
+
 # Type flags (POSIX ustar, GNU and pax).
 REGULAR_TYPES = (b"0", b"\0", b"7")
-LINK_AND_SPECIAL_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6")  # carry no data
+HARD_LINK = b"1"
+SYMBOLIC_LINK = b"2"
+DIRECTORY = b"5"
+SPECIAL_TYPES = {b"3": "character device", b"4": "block device", b"6": "FIFO"}  # no file data
+SKIPPED_TYPES = (b"g", b"V", b"D")  # pax global header, GNU volume label and dump directory: metadata
 GNU_LONGNAME = b"L"
 GNU_LONGLINK = b"K"
 GNU_SPARSE = b"S"
@@ -53,13 +68,26 @@ def checksum_ok(header):
     return stored >= 0 and stored in (unsigned, signed)
 
 
+def member_size_limit(value=None):
+    """The cap on one member's size: ``value``, else ``WDSMP_MAX_MEMBER_SIZE``, else
+    :data:`DEFAULT_MAX_MEMBER_SIZE`; a positive int."""
+    if value is None:
+        value = _env.max_member_size()
+    if value is None:
+        return DEFAULT_MAX_MEMBER_SIZE
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"max_member_size must be a positive number of bytes, not {value!r}")
+    return min(value, MAX_MEMBER_SIZE)
+
+
 def decode_name(raw):
     """Member names are bytes in the archive; undecodable bytes survive a round trip."""
     return raw.decode("utf-8", "surrogateescape")
 
 
 def parse_pax(data, url, offset):
-    """Parse a pax extended header into ``{"path": str, "size": int}`` (only those keys).
+    """Parse a pax extended header into ``{"path": str, "linkpath": str, "size": int}``
+    (only those keys).
 
     Records are ``"LEN key=value\\n"``, LEN counting the whole record.
     """
@@ -82,8 +110,8 @@ def parse_pax(data, url, offset):
         key, eq, value = data[space + 1:end - 1].partition(b"=")
         if not eq:
             raise bad_pax(url, offset)
-        if key == b"path":
-            result["path"] = decode_name(value)
+        if key in (b"path", b"linkpath"):
+            result[key.decode()] = decode_name(value)
         elif key == b"size":
             try:
                 result["size"] = int(value)
@@ -93,6 +121,61 @@ def parse_pax(data, url, offset):
                 raise bad_pax(url, offset)
         pos = end
     return result
+
+
+# NOTE [tar links]: GNU tar stores a file that is a hard link to one already archived as a
+# link member (type 1) naming it, with no data: its data is the earlier member's. Readers
+# that skip such members (webdataset's does) hand out samples missing fields. Both splitters
+# keep the data of the members read in the last LINK_WINDOW bytes and give a hard link, or a
+# symbolic link (type 2) naming a member by a path inside the archive, that member's data
+# under its own name; a link to a member further back, or out of the archive, is a
+# TarFormatError saying how to write the shard without links. ``links`` lists what was
+# resolved, for ``wdsmp verify``, ``info`` and ``index`` to report: other readers drop them.
+# Directories are skipped (they hold no data); devices and FIFOs, and type flags no standard
+# defines, are TarFormatErrors naming the member, never silently dropped.
+
+
+class LinkedMembers:
+    """Recent members' data by name, to resolve link members (NOTE [tar links])."""
+
+    def __init__(self, url, window=LINK_WINDOW):
+        self.url = url
+        self.window = window
+        self.recent = OrderedDict()  # normalised name -> data, oldest first
+        self.held = 0
+        self.links = []  # (name, target, offset) of each link resolved
+
+    def remember(self, name, data):
+        """Note a regular member's data; the oldest are forgotten past the window."""
+        key = posixpath.normpath(name)
+        previous = self.recent.pop(key, None)
+        if previous is not None:
+            self.held -= len(previous)
+        self.recent[key] = data
+        self.held += len(data)
+        while self.held > self.window and len(self.recent) > 1:
+            self.held -= len(self.recent.popitem(last=False)[1])
+
+    def resolve(self, typeflag, name, target, offset):
+        """The data of link member ``name`` (``typeflag`` 1 or 2) pointing at ``target``."""
+        kind = "hard link" if typeflag == HARD_LINK else "symbolic link"
+        if typeflag == HARD_LINK:
+            path = posixpath.normpath(target)
+        else:
+            path = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
+            if target.startswith("/") or path == ".." or path.startswith("../"):
+                raise TarFormatError(f"{kind} to {target!r}, outside the archive: the shard does not hold "
+                                     f"its data (write it with tar -h, which stores the files links point "
+                                     f"to)", self.url, name, offset)
+        data = self.recent.get(path)
+        if data is None:
+            raise TarFormatError(f"{kind} to {target!r}, a member not among the last "
+                                 f"{self.window >> 20} MiB read (wdsmp keeps that much to resolve links): "
+                                 f"write the shard without links (tar --hard-dereference for hard links, "
+                                 f"tar -h for symbolic ones)", self.url, name, offset)
+        self.links.append((name, target, offset))
+        self.remember(name, data)
+        return data
 
 
 # Errors. Each names the shard and the byte offset (in the decompressed stream)
@@ -121,6 +204,18 @@ def bad_pax(url, offset):
 
 def unsupported_sparse(url, name, offset):
     return TarFormatError("unsupported tar member type: GNU sparse file", url, name, offset)
+
+
+def unsupported_type(url, name, offset, typeflag):
+    """A member that is no file (a device, a FIFO) or of a type no standard defines."""
+    what = SPECIAL_TYPES.get(typeflag, "an unknown type")
+    return TarFormatError(f"unsupported tar member type {typeflag.decode('latin-1')!r} ({what}): not file data "
+                          f"a sample can hold", url, name, offset)
+
+
+def member_too_large(url, name, offset, size, limit):
+    return TarFormatError(f"member of {size} bytes, more than the {limit} bytes one member may hold "
+                          f"(max_member_size, or WDSMP_MAX_MEMBER_SIZE): refusing to read it", url, name, offset)
 
 
 def truncated_header(url, offset, got):
