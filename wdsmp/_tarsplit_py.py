@@ -25,7 +25,8 @@ class TarSplitter:
     ``url`` and the offset: a stream that ends without the end-of-archive
     marker is an error, not a short shard; so are a member larger than
     ``max_member_size`` (default: ``tarformat.member_size_limit()``), devices,
-    FIFOs and unknown member types.
+    FIFOs and unknown member types. ``reading`` is ``(name, offset)`` of the member whose
+    data is being read, None between members: where a failing stream broke off.
     """
 
     def __init__(self, stream, url=None, bufsize=1 << 20, max_member_size=None):
@@ -36,6 +37,7 @@ class TarSplitter:
         self.max_member_size = _tf.member_size_limit(max_member_size)
         self._linked = _tf.LinkedMembers(url)
         self.links = self._linked.links
+        self.reading = None  # (name, offset) of the member whose data is being read
         self.position = 0
         self._done = False
 
@@ -117,7 +119,9 @@ class TarSplitter:
                 raise _tf.member_too_large(self.url, name if typeflag in _tf.REGULAR_TYPES else None, hoff,
                                            size, self.max_member_size)
             if typeflag in _tf.REGULAR_TYPES:
+                self.reading = (name, moff)
                 data = self._take(size, name, hoff)
+                self.reading = None
                 if name.endswith("/"):  # an old-style directory entry
                     longname = longlink = pax = None
                     moff = -1

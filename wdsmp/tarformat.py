@@ -68,15 +68,15 @@ def checksum_ok(header):
     return stored >= 0 and stored in (unsigned, signed)
 
 
-def member_size_limit(value=None):
-    """The cap on one member's size: ``value``, else ``WDSMP_MAX_MEMBER_SIZE``, else
-    :data:`DEFAULT_MAX_MEMBER_SIZE`; a positive int."""
+def member_size_limit(value=None, name="max_member_size"):
+    """The cap on one member's size (or a decompressed field's): ``value`` (the argument
+    ``name``), else ``WDSMP_MAX_MEMBER_SIZE``, else :data:`DEFAULT_MAX_MEMBER_SIZE`."""
     if value is None:
         value = _env.max_member_size()
     if value is None:
         return DEFAULT_MAX_MEMBER_SIZE
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"max_member_size must be a positive number of bytes, not {value!r}")
+        raise ValueError(f"{name} must be a positive number of bytes, not {value!r}")
     return min(value, MAX_MEMBER_SIZE)
 
 

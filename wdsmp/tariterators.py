@@ -183,6 +183,7 @@ def _members(stream, url, max_member_size=None):
     ``pipe:`` command's exit status and a gzip stream's CRC; stream errors
     become TarFormatErrors naming the shard.
     """
+    splitter = None
     try:
         tar = _decompressed(stream)
         splitter = tar_splitter_class()(tar, url, max_member_size=max_member_size)
@@ -192,7 +193,9 @@ def _members(stream, url, max_member_size=None):
         while tar.read(1 << 16):
             pass
     except (EOFError, zlib.error, gzip.BadGzipFile) as exn:
-        raise TarFormatError(f"corrupt gzip stream: {exn}", url) from exn
+        # Named by the member it cut (a cut .tgz): the sample before it is then known whole.
+        member, offset = (splitter and splitter.reading) or (None, None)
+        raise TarFormatError(f"corrupt gzip stream: {exn}", url, member, offset) from exn
 
 
 def tar_file_iterator(fileobj, skip_meta=_META_FILES, handler=reraise_exception,

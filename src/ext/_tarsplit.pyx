@@ -97,7 +97,8 @@ cdef class TarSplitter:
     ``TarFormatError`` naming ``url`` and the offset: a stream that ends without the
     end-of-archive marker is an error, not a short shard; so are a member larger than
     ``max_member_size`` (default: ``tarformat.member_size_limit()``), devices, FIFOs and
-    unknown member types.
+    unknown member types. ``reading`` is ``(name, offset)`` of the member whose data is
+    being read, None between members: where a failing stream broke off.
     """
 
     cdef object stream
@@ -106,6 +107,7 @@ cdef class TarSplitter:
     cdef readonly object url
     cdef readonly long long max_member_size
     cdef readonly list links
+    cdef readonly object reading  # (name, offset) of the member whose data is being read, or None
     cdef object _linked
     cdef unsigned char* buf
     cdef Py_ssize_t bufsize, start, end
@@ -121,6 +123,7 @@ cdef class TarSplitter:
         self.max_member_size = _tf.member_size_limit(max_member_size)
         self._linked = _tf.LinkedMembers(url)
         self.links = self._linked.links
+        self.reading = None
         self.stream = stream
         # readinto1 where there is one: a single read at a time, so what a stream
         # delivered before failing (a cut gzip file) is split before the error.
@@ -327,7 +330,9 @@ cdef class TarSplitter:
             self.start += BLOCK
             self.position += BLOCK
             if regular:
+                self.reading = (name, moff)
                 data = self._take(size, name, hoff)
+                self.reading = None
                 if PyUnicode_GET_LENGTH(name) and PyUnicode_READ_CHAR(name, PyUnicode_GET_LENGTH(name) - 1) == 47:
                     # a name ending in "/": an old-style directory entry
                     longname = longlink = pax = None
