@@ -535,6 +535,8 @@ def test_xdecode():
 def test_decode_pickle_refused_when_secure(monkeypatch):
     monkeypatch.setenv("WDS_SECURE", "1")
     with pytest.raises(ValueError, match="WDS_SECURE"):
+        list(FL._xdecode([{"c.pyd": pickle.dumps(1)}], unsafe=True))
+    with pytest.raises(ValueError, match="refusing to unpickle"):
         list(FL._xdecode([{"c.pyd": pickle.dumps(1)}]))
 
 
