@@ -122,21 +122,27 @@ def _with(*entries, members=MEMBERS[:2]):
 
 
 def test_directories_are_skipped_and_links_come_with_their_members_data(impl):
+    long_name = "d/" + "x" * 120 + ".jpg"  # a GNU long-name header first: the member starts there
     data = _with((tarfile.DIRTYPE, "dir", ""), (tarfile.SYMTYPE, "a/000.txt", "000.cls"),
-                 (tarfile.LNKTYPE, "b/000.jpg", "a/000.jpg"), (tarfile.SYMTYPE, "c/x.cls", "../a/000.cls"))
+                 (tarfile.LNKTYPE, "b/000.jpg", "a/000.jpg"), (tarfile.SYMTYPE, "c/x.cls", "../a/000.cls"),
+                 (tarfile.LNKTYPE, long_name, "a/000.jpg"))
     splitter = tar_splitter_class()(io.BytesIO(data), "shard.tar")
-    got = [(name, payload) for name, payload, _ in splitter]
-    assert got == [("a/000.jpg", MEMBERS[0][1]), ("a/000.cls", b"3"), ("a/000.txt", b"3"),
-                   ("b/000.jpg", MEMBERS[0][1]), ("c/x.cls", b"3")]
+    members = list(splitter)
+    assert [(name, payload) for name, payload, _ in members] == [
+        ("a/000.jpg", MEMBERS[0][1]), ("a/000.cls", b"3"), ("a/000.txt", b"3"), ("b/000.jpg", MEMBERS[0][1]),
+        ("c/x.cls", b"3"), (long_name, MEMBERS[0][1])]
     assert [(name, target) for name, target, _ in splitter.links] == [
-        ("a/000.txt", "000.cls"), ("b/000.jpg", "a/000.jpg"), ("c/x.cls", "../a/000.cls")]
+        ("a/000.txt", "000.cls"), ("b/000.jpg", "a/000.jpg"), ("c/x.cls", "../a/000.cls"), (long_name, "a/000.jpg")]
+    assert [offset for _, _, offset in splitter.links] == [offset for _, _, offset in members[2:]]
+    assert [offset for _, _, offset in members] == [m[2] for m in expected(data)] + [  # tarfile's offsets
+        info.offset for info in tarfile.open(fileobj=io.BytesIO(data)) if info.islnk() or info.issym()]
 
 
 @pytest.mark.parametrize("kind, name, target, match", [
     (tarfile.FIFOTYPE, "fifo", "", r"member type '6' \(FIFO\)"),
     (tarfile.CHRTYPE, "tty", "", r"member type '3' \(character device\)"),
     (b"M", "cont", "", r"member type 'M' \(an unknown type\)"),
-    (tarfile.LNKTYPE, "b.jpg", "missing.jpg", r"hard link to 'missing.jpg', a member not among the last 16 MiB"),
+    (tarfile.LNKTYPE, "b.jpg", "missing.jpg", r"hard link to 'missing.jpg', a member not among the last 64 members and 16 MiB"),
     (tarfile.SYMTYPE, "b.jpg", "/etc/passwd", r"symbolic link to '/etc/passwd', outside the archive"),
     (tarfile.SYMTYPE, "b.jpg", "../up.jpg", r"symbolic link to '../up.jpg', outside the archive"),
 ])
@@ -155,6 +161,12 @@ def test_a_hard_link_further_back_than_the_window_is_an_error(impl):
     data = _with((tarfile.LNKTYPE, "b.bin", "far.bin"), members=[("far.bin", b"far")] + filler)
     with pytest.raises(wdsmp.TarFormatError, match="hard link to 'far.bin'.*tar --hard-dereference"):
         split(data)
+    from wdsmp.tarformat import LINK_MEMBERS
+
+    small = [(f"s{i}.txt", b"%d" % i) for i in range(LINK_MEMBERS)]
+    assert split(_with((tarfile.LNKTYPE, "l.txt", "s0.txt"), members=small))[-1][:2] == ("l.txt", b"0")
+    with pytest.raises(wdsmp.TarFormatError, match="hard link to 's0.txt', a member not among the last 64 members"):
+        split(_with((tarfile.LNKTYPE, "l.txt", "s0.txt"), members=small + [("x.txt", b"x")]))
 
 
 def test_gnu_tar_hard_links_come_whole(impl, tmp_path):

@@ -4,6 +4,8 @@ Same class, same results, same errors; selected with ``WDSMP_PUREPYTHON=1`` or
 when the extension is not built. Cold paths are shared through ``tarformat``.
 """
 
+from collections import deque
+
 from . import tarformat as _tf
 from .tarformat import BLOCK, checksum_ok, header_number
 
@@ -35,8 +37,9 @@ class TarSplitter:
         self.stream = stream
         self.url = url
         self.max_member_size = _tf.member_size_limit(max_member_size)
-        self._linked = _tf.LinkedMembers(url)
-        self.links = self._linked.links
+        self._recent = deque()  # (name, data) of the members held for links, oldest first
+        self._held = 0
+        self.links = []
         self.reading = None  # (name, offset) of the member whose data is being read
         self.position = 0
         self._done = False
@@ -57,6 +60,17 @@ class TarSplitter:
         data = b"".join(parts)
         self.position += len(data)
         return data
+
+    def _remember(self, name, data):
+        """Hold a member for links (NOTE [tar links] in ``tarformat``): the last LINK_MEMBERS,
+        within LINK_WINDOW bytes, the newest always."""
+        recent = self._recent
+        if len(recent) == _tf.LINK_MEMBERS:
+            self._held -= len(recent.popleft()[1])
+        recent.append((name, data))
+        self._held += len(data)
+        while self._held > _tf.LINK_WINDOW and len(recent) > 1:
+            self._held -= len(recent.popleft()[1])
 
     def _take(self, size, name, hoff):
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
@@ -126,7 +140,7 @@ class TarSplitter:
                     longname = longlink = pax = None
                     moff = -1
                     continue
-                self._linked.remember(name, data)
+                self._remember(name, data)
                 return (name, data, moff)
             if typeflag in (_tf.HARD_LINK, _tf.SYMBOLIC_LINK):
                 if longlink is not None:
@@ -135,7 +149,10 @@ class TarSplitter:
                     target = pax["linkpath"]
                 else:
                     target = _tf.decode_name(_cstr(header[157:257]))
-                return (name, self._linked.resolve(typeflag, name, target, hoff), moff)
+                data = _tf.resolve_link(self.url, typeflag, name, target, moff, self._recent)
+                self.links.append((name, target, moff))
+                self._remember(name, data)
+                return (name, data, moff)
             # Errors inside extension headers name no member: the member they
             # belong to is not known yet.
             if typeflag == _tf.GNU_LONGNAME:

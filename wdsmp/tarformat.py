@@ -8,7 +8,6 @@ errors and agree on pax headers by construction.
 """
 
 import posixpath
-from collections import OrderedDict
 
 from . import _env
 from .errors import TarFormatError
@@ -22,8 +21,10 @@ UNTRUSTED_CHUNK = 1 << 25
 # The most one member may hold, unless the reader is told otherwise: wdsmp holds each member
 # in memory, and a gzip-compressed shard of a few MB can expand to members of gigabytes.
 DEFAULT_MAX_MEMBER_SIZE = 1 << 30
-# Hard and symbolic links are resolved to the data of a member read at most this many bytes
-# of member data before them (NOTE [tar links]).
+# Hard and symbolic links are resolved to the data of one of the last LINK_MEMBERS members
+# read, as long as those hold at most LINK_WINDOW bytes (the oldest are forgotten first; the
+# newest is always held): NOTE [tar links].
+LINK_MEMBERS = 64
 LINK_WINDOW = 16 << 20
 
 # Type flags (POSIX ustar, GNU and pax).
@@ -126,56 +127,32 @@ def parse_pax(data, url, offset):
 # NOTE [tar links]: GNU tar stores a file that is a hard link to one already archived as a
 # link member (type 1) naming it, with no data: its data is the earlier member's. Readers
 # that skip such members (webdataset's does) hand out samples missing fields. Both splitters
-# keep the data of the members read in the last LINK_WINDOW bytes and give a hard link, or a
-# symbolic link (type 2) naming a member by a path inside the archive, that member's data
-# under its own name; a link to a member further back, or out of the archive, is a
+# keep the data of the last LINK_MEMBERS members read, within LINK_WINDOW bytes (a ring on
+# the hot path, natively in C), and give a hard link, or a symbolic link (type 2) naming a
+# member by a path inside the archive, that member's data under its own name
+# (``resolve_link``); a link to a member further back, or out of the archive, is a
 # TarFormatError saying how to write the shard without links. ``links`` lists what was
 # resolved, for ``wdsmp verify``, ``info`` and ``index`` to report: other readers drop them.
 # Directories are skipped (they hold no data); devices and FIFOs, and type flags no standard
 # defines, are TarFormatErrors naming the member, never silently dropped.
 
 
-class LinkedMembers:
-    """Recent members' data by name, to resolve link members (NOTE [tar links])."""
-
-    def __init__(self, url, window=LINK_WINDOW):
-        self.url = url
-        self.window = window
-        self.recent = OrderedDict()  # normalised name -> data, oldest first
-        self.held = 0
-        self.links = []  # (name, target, offset) of each link resolved
-
-    def remember(self, name, data):
-        """Note a regular member's data; the oldest are forgotten past the window."""
-        key = posixpath.normpath(name)
-        previous = self.recent.pop(key, None)
-        if previous is not None:
-            self.held -= len(previous)
-        self.recent[key] = data
-        self.held += len(data)
-        while self.held > self.window and len(self.recent) > 1:
-            self.held -= len(self.recent.popitem(last=False)[1])
-
-    def resolve(self, typeflag, name, target, offset):
-        """The data of link member ``name`` (``typeflag`` 1 or 2) pointing at ``target``."""
-        kind = "hard link" if typeflag == HARD_LINK else "symbolic link"
-        if typeflag == HARD_LINK:
-            path = posixpath.normpath(target)
-        else:
-            path = posixpath.normpath(posixpath.join(posixpath.dirname(name), target))
-            if target.startswith("/") or path == ".." or path.startswith("../"):
-                raise TarFormatError(f"{kind} to {target!r}, outside the archive: the shard does not hold "
-                                     f"its data (write it with tar -h, which stores the files links point "
-                                     f"to)", self.url, name, offset)
-        data = self.recent.get(path)
-        if data is None:
-            raise TarFormatError(f"{kind} to {target!r}, a member not among the last "
-                                 f"{self.window >> 20} MiB read (wdsmp keeps that much to resolve links): "
-                                 f"write the shard without links (tar --hard-dereference for hard links, "
-                                 f"tar -h for symbolic ones)", self.url, name, offset)
-        self.links.append((name, target, offset))
-        self.remember(name, data)
-        return data
+def resolve_link(url, typeflag, name, target, offset, recent):
+    """The data of link member ``name`` (``typeflag`` 1 or 2) naming ``target``, from
+    ``recent``: ``[(name, data)]`` of the members a splitter holds, oldest first (NOTE [tar
+    links]). A TarFormatError when the target is out of the archive or not held."""
+    kind = "hard link" if typeflag == HARD_LINK else "symbolic link"
+    path = posixpath.normpath(target if typeflag == HARD_LINK else posixpath.join(posixpath.dirname(name), target))
+    if typeflag == SYMBOLIC_LINK and (target.startswith("/") or path == ".." or path.startswith("../")):
+        raise TarFormatError(f"{kind} to {target!r}, outside the archive: the shard does not hold its data "
+                             f"(write it with tar -h, which stores the files links point to)", url, name, offset)
+    for held, data in reversed(recent):
+        if held == target or posixpath.normpath(held) == path:
+            return data
+    raise TarFormatError(f"{kind} to {target!r}, a member not among the last {LINK_MEMBERS} members and "
+                         f"{LINK_WINDOW >> 20} MiB read (wdsmp keeps that much to resolve links): write the "
+                         f"shard without links (tar --hard-dereference for hard links, tar -h for symbolic ones)",
+                         url, name, offset)
 
 
 # Errors. Each names the shard and the byte offset (in the decompressed stream)

@@ -18,9 +18,13 @@ from wdsmp import tarformat as _tf
 
 cdef enum:
     BLOCK = 512
+    LINK_MEMBERS = 64  # tarformat.LINK_MEMBERS, checked at import
 
 cdef long long MAX_SIZE = _tf.MAX_MEMBER_SIZE  # one limit for both splitters
 cdef Py_ssize_t UNTRUSTED = _tf.UNTRUSTED_CHUNK  # allocated at most before data arrives
+cdef long long LINK_WINDOW = _tf.LINK_WINDOW
+if _tf.LINK_MEMBERS != LINK_MEMBERS:
+    raise ImportError("src/ext/_tarsplit.pyx and wdsmp/tarformat.py disagree on LINK_MEMBERS")
 
 
 cdef long long _number(const unsigned char* p, int n) noexcept nogil:
@@ -108,7 +112,11 @@ cdef class TarSplitter:
     cdef readonly long long max_member_size
     cdef readonly list links
     cdef readonly object reading  # (name, offset) of the member whose data is being read, or None
-    cdef object _linked
+    # The members held for links (NOTE [tar links] in tarformat): a ring of names and data.
+    cdef list _names, _datas
+    cdef long long _sizes[LINK_MEMBERS]
+    cdef int _oldest, _count
+    cdef long long _held
     cdef unsigned char* buf
     cdef Py_ssize_t bufsize, start, end
     cdef readonly long long position  # stream offset of buf[start]
@@ -121,8 +129,11 @@ cdef class TarSplitter:
         if bufsize < 4 * BLOCK or bufsize % BLOCK:
             raise ValueError(f"bufsize must be a multiple of {BLOCK} and at least {4 * BLOCK}")
         self.max_member_size = _tf.member_size_limit(max_member_size)
-        self._linked = _tf.LinkedMembers(url)
-        self.links = self._linked.links
+        self.links = []
+        self._names = [None] * LINK_MEMBERS
+        self._datas = [None] * LINK_MEMBERS
+        self._oldest = self._count = 0
+        self._held = 0
         self.reading = None
         self.stream = stream
         # readinto1 where there is one: a single read at a time, so what a stream
@@ -338,10 +349,13 @@ cdef class TarSplitter:
                     longname = longlink = pax = None
                     moff = -1
                     continue
-                self._linked.remember(name, data)
+                self._remember(name, data)
                 return (name, data, moff)
             if typeflag == c'1' or typeflag == c'2':
-                return (name, self._linked.resolve(bytes([typeflag]), name, target, hoff), moff)
+                data = _tf.resolve_link(self.url, bytes([typeflag]), name, target, moff, self._held_members())
+                self.links.append((name, target, moff))
+                self._remember(name, data)
+                return (name, data, moff)
             # Errors inside extension headers name no member: the member they
             # belong to is not known yet.
             if typeflag == c'L':
@@ -366,6 +380,37 @@ cdef class TarSplitter:
             else:
                 raise _tf.unsupported_type(self.url, name, hoff, bytes([typeflag]))
         raise StopIteration
+
+    cdef void _forget_oldest(self):
+        cdef int i = self._oldest
+        self._names[i] = None
+        self._datas[i] = None
+        self._held -= self._sizes[i]
+        self._oldest = (i + 1) % LINK_MEMBERS
+        self._count -= 1
+
+    cdef void _remember(self, object name, bytes data):
+        """Hold a member for links: the last LINK_MEMBERS, within LINK_WINDOW bytes, the newest always."""
+        cdef int i
+        if self._count == LINK_MEMBERS:
+            self._forget_oldest()
+        i = (self._oldest + self._count) % LINK_MEMBERS
+        self._names[i] = name
+        self._datas[i] = data
+        self._sizes[i] = len(data)
+        self._held += self._sizes[i]
+        self._count += 1
+        while self._held > LINK_WINDOW and self._count > 1:
+            self._forget_oldest()
+
+    cdef list _held_members(self):
+        """``[(name, data)]`` of the members held, oldest first."""
+        cdef int k, i
+        result = []
+        for k in range(self._count):
+            i = (self._oldest + k) % LINK_MEMBERS
+            result.append((self._names[i], self._datas[i]))
+        return result
 
     cdef bytes _head(self, Py_ssize_t n):
         return (<char*>self.buf + self.start)[:n]
