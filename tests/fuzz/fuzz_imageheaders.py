@@ -39,8 +39,10 @@ SPECS = ("rgb8", "l8", "torchrgb8", "pil")
 
 def main():
     argv = list(sys.argv)
-    (imagedecode, autodecode, errors), coverage = fuzzsupport.load_wdsmp(
-        argv, ["fast.imagedecode", "autodecode", "errors"])
+    (imgops, imagedecode, autodecode, errors), coverage = fuzzsupport.load_wdsmp(
+        argv, ["_imgops", "fast.imagedecode", "autodecode", "errors"])
+    if coverage is not None:
+        coverage.add(imgops)  # the resize kernel every decoded image goes through
     feedback = fuzzsupport.Feedback()
     decoders = {spec: autodecode.Decoder([autodecode.ImageHandler(spec, max_pixels=BUDGET)]) for spec in SPECS}
     warnings.simplefilter("ignore")  # Pillow warns of large images; the budget is what is tested
