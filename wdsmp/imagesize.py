@@ -15,6 +15,7 @@ decodes JPEGs at reduced size (:func:`loader_pixel_budget`).
 """
 
 from . import _env
+from .validation import positive_int
 
 __all__ = ["DEFAULT_MAX_IMAGE_PIXELS", "MAX_PIXELS", "MAX_SIDE", "ImageTooLarge", "check_before_opening",
            "check_budget", "check_size", "image_pixel_budget", "is_jpeg", "jpeg_size", "loader_pixel_budget",
@@ -44,12 +45,8 @@ def image_pixel_budget(value=None):
     """The pixels one image may decode to: ``value``, else ``WDSMP_MAX_IMAGE_PIXELS``, else
     :data:`DEFAULT_MAX_IMAGE_PIXELS`."""
     if value is None:
-        value = _env.max_image_pixels()
-    if value is None:
-        return DEFAULT_MAX_IMAGE_PIXELS
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"max_image_pixels must be a positive number of pixels, not {value!r}")
-    return value
+        value = _env.max_image_pixels() or DEFAULT_MAX_IMAGE_PIXELS
+    return positive_int(value, "max_image_pixels")
 
 
 def loader_pixel_budget(value, out_height, out_width):

@@ -11,6 +11,7 @@ import posixpath
 
 from . import _env
 from .errors import TarFormatError
+from .validation import positive_int
 
 BLOCK = 512
 MAX_MEMBER_SIZE = 1 << 56  # beyond any real member; keeps size arithmetic in range
@@ -73,12 +74,8 @@ def member_size_limit(value=None, name="max_member_size"):
     """The cap on one member's size (or a decompressed field's): ``value`` (the argument
     ``name``), else ``WDSMP_MAX_MEMBER_SIZE``, else :data:`DEFAULT_MAX_MEMBER_SIZE`."""
     if value is None:
-        value = _env.max_member_size()
-    if value is None:
-        return DEFAULT_MAX_MEMBER_SIZE
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive number of bytes, not {value!r}")
-    return min(value, MAX_MEMBER_SIZE)
+        value = _env.max_member_size() or DEFAULT_MAX_MEMBER_SIZE
+    return min(positive_int(value, name), MAX_MEMBER_SIZE)
 
 
 def decode_name(raw):

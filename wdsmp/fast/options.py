@@ -75,8 +75,8 @@ class DecodeOptions:
         _set(self, "resize_ratio", unit_fraction(self.resize_ratio, "resize_ratio", zero=False))
         _set(self, "dct_scaling", bool(self.dct_scaling))
         _set(self, "region", bool(self.region))
-        if self.max_pixels is not None and not is_int(self.max_pixels, 1):
-            raise ValueError(f"max_image_pixels must be a positive number of pixels, not {self.max_pixels!r}")
+        if self.max_pixels is not None:
+            positive_int(self.max_pixels, "max_image_pixels")
 
 
 def _image_size(value):
