@@ -100,8 +100,9 @@ def test_info_json(tmp_path, capsys):
         "cls": dict(samples=2, bytes=2, mean_bytes=1.0),
         "jpg": dict(samples=3, bytes=3000, mean_bytes=1000.0),
     }
-    assert info["shards"] == [dict(url=str(one), samples=2, bytes=1005, members=6, outside=1),
-                              dict(url=str(two), samples=1, bytes=2000, members=1, outside=0)]
+    assert info["shards"] == [dict(url=str(one), samples=2, bytes=1005, members=6, outside=1, links=0),
+                              dict(url=str(two), samples=1, bytes=2000, members=1, outside=0, links=0)]
+    assert info["links"] == 0
 
 
 def test_info_text(tmp_path, capsys, monkeypatch):

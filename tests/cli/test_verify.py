@@ -250,3 +250,42 @@ def test_remote_shards_against_a_remote_index(tmp_path, capsys, http_server, ind
         f"{url}: {len(cut)} bytes, the index says {len(whole)}",
         f"{url}: sha256 {hashlib.sha256(cut).hexdigest()}, the index says {hashlib.sha256(whole).hexdigest()}",
         f"verified 3 shards, 10 samples, {2 * len(whole) + len(cut):,} bytes: 3 problems in 1 shard"]
+
+
+def linked_shard(tmp_path):
+    """A shard as GNU tar writes it from a tree where b.jpg is a hard link of a.jpg."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("tar") is None:
+        pytest.skip("no tar command")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.jpg").write_bytes(image(0))
+    (tree / "a.cls").write_bytes(b"0")
+    os.link(tree / "a.jpg", tree / "b.jpg")
+    (tree / "b.cls").write_bytes(b"1")
+    path = tmp_path / "linked.tar"
+    subprocess.run(["tar", "cf", str(path), "-C", str(tree), "a.cls", "a.jpg", "b.cls", "b.jpg"], check=True)
+    return path
+
+
+def test_verify_info_and_index_tell_of_link_members(tmp_path, capsys):
+    path = linked_shard(tmp_path)
+    status, out = verify(capsys, path)
+    assert status == 0
+    assert re.search(r"note: .*linked.tar, member 'b.jpg', offset \d+: link member read as 'a.jpg'.*"
+                     r"tar --hard-dereference", out)
+    assert "verified 1 shard, 2 samples" in out and "(1 note)" in out
+    assert main(["info", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "members   4 (1 links)" in captured.out
+    assert "1 link member (hard or symbolic, e.g. 'b.jpg' -> 'a.jpg')" in captured.err
+    assert main(["index", "-q", "-o", str(tmp_path / "index.json"), str(path)]) == 0
+    assert "note:" in capsys.readouterr().err and read_entries(str(tmp_path / "index.json"))[0]["samples"] == 2
+    assert main(["index", "-q", "--format", "dali", "-o", str(tmp_path / "dali"), str(path)]) == 1
+    assert "a link member (to 'a.jpg')" in capsys.readouterr().err
+    samples = list(wds.WebDataset(str(path), shardshuffle=False))
+    assert [sorted(s) for s in samples] == [["__key__", "__local_path__", "__url__", "cls", "jpg"]] * 2
+    assert samples[1]["jpg"] == image(0)

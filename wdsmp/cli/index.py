@@ -44,6 +44,10 @@ def _components(splitter, url, report):
         for name, data, offset in splitter:
             if re.match(_META_FILES, name):
                 continue  # skipped by wdsmp's reader too
+            if splitter.links and splitter.links[-1][2] == offset:
+                report.problems.append(Problem(url, "dali", f"a link member (to {splitter.links[-1][1]!r}): its "
+                                               f"data is stored under another name, which DALI's index "
+                                               f"cannot describe", name, offset))
             padded = (len(data) + BLOCK - 1) // BLOCK * BLOCK
             component = (base_plus_ext(name)[1], splitter.position - padded, len(data), name, offset)
             yield {"fname": name, "data": component, "__offset__": offset, "__url__": url}
@@ -135,12 +139,13 @@ def _count(n, noun):
 
 
 def _report_problems(reports):
-    """Print the problems on stderr; the number of shards that have any."""
-    bad = [report for report in reports if report.problems]
-    for report in bad:
+    """Print the problems and notes on stderr; the number of shards that have problems."""
+    for report in reports:
         for problem in report.problems:
             print(f"wdsmp index: {problem}", file=sys.stderr)
-    return len(bad)
+        for note in report.notes:
+            print(f"wdsmp index: note: {note}", file=sys.stderr)
+    return sum(bool(report.problems) for report in reports)
 
 
 def run(args):

@@ -63,13 +63,16 @@ class Problem:
 class ShardReport:
     """What reading one shard found. ``complete``: read to its end without tar damage, so
     ``samples`` is the shard's count; ``size`` and ``sha256`` (when asked for) cover every
-    byte of the file, also after damage; None when it could not be read to its end."""
+    byte of the file, also after damage; None when it could not be read to its end.
+    ``notes``: what wdsmp reads but other readers may not (link members), kind ``link``;
+    they are said, but are no problem."""
 
     url: str
     samples: int = 0
     size: Optional[int] = None
     sha256: Optional[str] = None
     problems: List[Problem] = field(default_factory=list)
+    notes: List[Problem] = field(default_factory=list)
 
     @property
     def complete(self):
@@ -126,6 +129,18 @@ def open_counted(url, hashed=False):
     """``url`` opened with gopen, as ``(buffered stream, counter)``; see ``_Counted``."""
     counter = _Counted(gopen(url), hashed)
     return io.BufferedReader(counter, 1 << 16), counter
+
+
+def _noted(members, report):
+    """Members passed through; each link member is noted in ``report`` (NOTE [tar links] in
+    ``tarformat``): wdsmp gives it the data of the member it names, other readers drop it."""
+    for member in members:
+        if isinstance(member, dict) and "__link__" in member:
+            report.notes.append(Problem(report.url, "link", f"link member read as {member['__link__']!r}, "
+                                        f"whose data it shares; webdataset, DALI and other readers drop it: "
+                                        f"write shards without links (tar --hard-dereference, tar -h)",
+                                        member["fname"], member["__offset__"]))
+        yield member
 
 
 def _located(members, places):
@@ -190,6 +205,7 @@ def check_shard(url, decode=False, hashed=False):
         return report
     places = {}
     members = tar_file_expander([{"url": url, "stream": stream}], handler=report.record, boundaries=True)
+    members = _noted(members, report)
     if decode:
         members = _located(members, places)
     for sample in group_by_keys(members, handler=report.record):
@@ -248,7 +264,7 @@ def run(args):
     else:
         urls = [entry["url"] for entry in entries.values()]
     hashed = entries is not None and any("sha256" in entry for entry in entries.values())
-    problems, samples, nbytes, bad = [], 0, 0, 0
+    problems, notes, samples, nbytes, bad = [], [], 0, 0, 0
     with Progress("verify", total=len(urls), unit="shards", quiet=args.quiet) as progress:
         for url in urls:
             report = check_shard(url, decode=args.decode, hashed=hashed)
@@ -258,15 +274,20 @@ def run(args):
             nbytes += report.size or 0
             bad += bool(report.problems)
             problems.extend(report.problems)
+            notes.extend(report.notes)
             if not args.json:
                 for problem in report.problems:
                     print(problem, flush=True)
+                for note in report.notes:
+                    print(f"note: {note}", flush=True)
             progress.update(1, report.size or 0)
     if args.json:
         print_json({"shards": len(urls), "samples": samples, "bytes": nbytes, "bad_shards": bad,
-                    "problems": [asdict(p) for p in problems]})
+                    "problems": [asdict(p) for p in problems], "notes": [asdict(n) for n in notes]})
     else:
         verdict = (f"{len(problems)} problem{'s' * (len(problems) != 1)} in {bad} shard{'s' * (bad != 1)}"
                    if problems else "no problems")
+        if notes:
+            verdict += f" ({len(notes)} note{'s' * (len(notes) != 1)})"
         print(f"verified {len(urls)} shard{'s' * (len(urls) != 1)}, {samples} samples, {nbytes:,} bytes: {verdict}")
     return 1 if problems else 0

@@ -123,6 +123,11 @@ class FastLoader:
     cached (too large for the cache's size limit, no room, another process fetching it for
     too long) is read directly, with a warning.
 
+    Memory: an image is refused (a ``DecodeError`` for ``handler``) when it would decode to
+    more than ``max_image_pixels`` pixels (default ``WDSMP_MAX_IMAGE_PIXELS``, else the larger
+    of 64 Mi and 256 times the output's pixels; JPEGs are decoded at reduced size first), and a
+    tar member larger than ``WDSMP_MAX_MEMBER_SIZE`` (1 GiB) is a ``TarFormatError``.
+
     Throughput: ``stats`` counts images, images/s and the time spent waiting for workers;
     ``progress=True`` (or seconds between reports) prints them to stderr as it goes.
 
@@ -139,14 +144,15 @@ class FastLoader:
                  rank=None, world_size=None, policy="drop", resampled=False, epoch_batches=None,
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5, resize_ratio=0.875, dct_scaling=True,
                  channels_first=False, copy=False, prefetch=2, timeout=None, start_method="forkserver",
-                 progress=False, cache_dir=None):
+                 progress=False, cache_dir=None, max_image_pixels=None):
         if _pool.starting_a_worker():  # NOTE [main module] in pool.py
             raise RuntimeError("a FastLoader was made while a worker process was starting and importing the main "
                                "script: a function given to the loader is defined in that script, so workers "
                                "import it; put the script's code under if __name__ == '__main__':, or define "
                                "the function in a module of its own")
         options = LoaderOptions(
-            batch_size, DecodeOptions(train, scale, ratio, flip, resize_ratio, dct_scaling), num_workers=num_workers,
+            batch_size, DecodeOptions(train, scale, ratio, flip, resize_ratio, dct_scaling,
+                                      max_pixels=max_image_pixels), num_workers=num_workers,
             image_size=image_size, seed=seed, label=label, image_keys=image_keys, keys=keys, key_length=key_length,
             fields=fields, stages=stages, handler=handler, shuffle=shuffle, shuffle_buffer=shuffle_buffer, rank=rank,
             world_size=world_size, policy=policy, resampled=resampled, epoch_batches=epoch_batches,

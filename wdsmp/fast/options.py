@@ -55,7 +55,8 @@ class DecodeOptions:
     """How images are cropped (``imagedecode.decode_into``'s arguments): a random resized crop
     (``scale``, ``ratio``) flipped with probability ``flip`` when ``train``, else the centre
     crop of the image resized to ``size / resize_ratio``; ``dct_scaling`` and ``region``
-    let JPEGs be decoded smaller and in part (NOTE [jpeg regions])."""
+    let JPEGs be decoded smaller and in part (NOTE [jpeg regions]); ``max_pixels`` is the most
+    pixels one image may decode to (None: ``imagesize.loader_pixel_budget``)."""
 
     train: bool = True
     scale: Tuple[float, float] = (0.08, 1.0)
@@ -64,6 +65,7 @@ class DecodeOptions:
     resize_ratio: float = 0.875
     dct_scaling: bool = True
     region: bool = True
+    max_pixels: Optional[int] = None
 
     def __post_init__(self):
         _set(self, "train", bool(self.train))
@@ -73,6 +75,8 @@ class DecodeOptions:
         _set(self, "resize_ratio", unit_fraction(self.resize_ratio, "resize_ratio", zero=False))
         _set(self, "dct_scaling", bool(self.dct_scaling))
         _set(self, "region", bool(self.region))
+        if self.max_pixels is not None:
+            positive_int(self.max_pixels, "max_image_pixels")
 
 
 def _image_size(value):
