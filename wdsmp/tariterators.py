@@ -320,9 +320,10 @@ def group_by_keys(data, keys=base_plus_ext, lcase=True, suffixes=None, handler=N
         yield current
 
 
-def tarfile_samples(src, handler=reraise_exception, select_files=None, rename_files=None):
-    """Shard URLs (``{"url": ...}`` dicts or strings) to samples."""
-    streams = url_opener(src, handler=handler)
+def tarfile_samples(src, handler=reraise_exception, select_files=None, rename_files=None, *, opener=gopen):
+    """Shard URLs (``{"url": ...}`` dicts or strings) to samples; ``opener(url)`` opens each
+    (gopen, or the shard cache's ``FileCache.open``)."""
+    streams = url_opener(src, handler=handler, opener=opener)
     members = tar_file_expander(streams, handler=handler, select_files=select_files,
                                 rename_files=rename_files, boundaries=True)
     return group_by_keys(members, handler=handler)
