@@ -38,6 +38,7 @@ trained with torchvision transforms sees the same geometry.
 import io
 import math
 import re
+from time import perf_counter_ns
 from typing import NamedTuple, Tuple
 
 import numpy as np
@@ -76,6 +77,8 @@ class ImageInfo(NamedTuple):
     # through the region decoder only the region of the DCT-scaled image the crop reads.
     decoded: Tuple[int, int]
     kind: str  # "jpeg", "ppm", "npy", "pil" or "array"
+    scale: int = 8  # a JPEG was decoded at scale/8 (DCT scaling); 8 for full size and other formats
+    region: bool = False  # a JPEG decoded only over the region the crop reads (NOTE [jpeg regions])
 
 
 def _uniform(rng, low, high):
@@ -240,7 +243,7 @@ def _pil_pixels(data):
 
 
 def _jpeg_pixels(data, box_of, out_size, dct_scaling, region):
-    """``(pixels, height, width, box, box in pixels, kind)`` of a JPEG, decoded at a DCT
+    """``(pixels, height, width, box, box in pixels, kind, scale, region)`` of a JPEG, decoded at a DCT
     scale that covers the box, only the region the crop needs when ``region`` and the
     region decoder is built (NOTE [jpeg regions]); None for what libjpeg-turbo cannot
     read or would convert differently (CMYK). What it refuses after the header goes to
@@ -272,14 +275,14 @@ def _jpeg_pixels(data, box_of, out_size, dct_scaling, region):
         else:
             y, x = y0 - top, x0 - left
             return pixels, height, width, box, (y, x, min(inside[2], pixels.shape[0] - y),
-                                                min(inside[3], pixels.shape[1] - x)), "jpeg"
+                                                min(inside[3], pixels.shape[1] - x)), "jpeg", n, True
     # ceil(side n / 8): simplejpeg then picks exactly n/8 (see dct_scale).
     scaled = {} if n == 8 else {"min_height": scaled_h, "min_width": scaled_w}
     try:
         pixels = simplejpeg.decode_jpeg(data, "RGB", **scaled)
     except ValueError:
-        return _pil_pixels(data), height, width, box, box, "pil"
-    return pixels, height, width, box, box if n == 8 else inside, "jpeg"
+        return _pil_pixels(data), height, width, box, box, "pil", 8, False
+    return pixels, height, width, box, box if n == 8 else inside, "jpeg", n, False
 
 
 def _region_span(start, length, out, size):
@@ -319,9 +322,11 @@ def decode_into(data, out, train, rng, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3
     return decode_with_options(data, out, options, rng, url=url, member=member)
 
 
-def decode_with_options(data, out, options, rng, *, url=None, member=None):
+def decode_with_options(data, out, options, rng, *, url=None, member=None, clock=None):
     """:func:`decode_into` with its crop arguments in ``options`` (a ``DecodeOptions``, checked
-    when it was made): the per-image path of the loader's workers, which checks them no more."""
+    when it was made): the per-image path of the loader's workers, which checks them no more.
+    ``clock``, if given, gets the nanoseconds spent decoding added to its ``decode_ns`` and
+    those spent cropping, resizing and flipping to its ``resize_ns``."""
     if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
             and out.flags.c_contiguous and out.flags.writeable):
         raise ValueError(f"out must be a writable C-contiguous HxWx3 uint8 array, not "
@@ -333,6 +338,7 @@ def decode_with_options(data, out, options, rng, *, url=None, member=None):
             return _random_box(height, width, rng, options.scale, options.ratio)
         return _center_box(height, width, *out_size, options.resize_ratio)
 
+    start = perf_counter_ns()
     try:
         encoded = isinstance(data, (bytes, bytearray, memoryview))
         decoded = _jpeg_pixels(data, box_of, out_size, options.dct_scaling, options.region) if encoded else None
@@ -340,15 +346,21 @@ def decode_with_options(data, out, options, rng, *, url=None, member=None):
             pixels, kind = _raw_pixels(data) if encoded else (_array_pixels(data), "array")
             height, width = pixels.shape[:2]
             box = scaled = box_of(height, width)
+            scale, region = 8, False
         else:
-            pixels, height, width, box, scaled, kind = decoded
+            pixels, height, width, box, scaled, kind, scale, region = decoded
     except (_Refused, ImageTooLarge) as exn:
         raise DecodeError(str(exn), url, member) from exn.__cause__
     except (ValueError, OSError, SyntaxError) as exn:  # how libjpeg-turbo, numpy and Pillow report damage
         raise DecodeError(f"cannot decode the image ({type(exn).__name__}: {exn})", url, member) from exn
+    decoded_at = perf_counter_ns()
     flipped = bool(train and options.flip and rng.random() < options.flip)
     _resize(pixels, scaled, out, flipped)
-    return ImageInfo(height, width, tuple(box), flipped, pixels.shape[:2], kind)
+    if clock is not None:
+        end = perf_counter_ns()
+        clock.decode_ns += decoded_at - start
+        clock.resize_ns += end - decoded_at
+    return ImageInfo(height, width, tuple(box), flipped, pixels.shape[:2], kind, scale, region)
 
 
 def _raw_pixels(data):
