@@ -1,0 +1,67 @@
+"""The loader benchmark as a picture: images/s over time for each contender, and each one's
+worker time per image, stacked by stage (``benchmark.Result.series`` and ``.stages``).
+
+matplotlib is an optional extra (``pip install 'wdsmp[plot]'``); :func:`draw` says so when
+it is missing, and the benchmark goes on without the picture.
+"""
+
+__all__ = ["draw", "rates"]
+
+_WINDOW_S = 3.0  # the rate at a batch counts the images of the batches in the seconds before it
+
+
+def rates(series, window=_WINDOW_S):
+    """``(times, images/s)``: at each batch of ``series`` (``[(seconds, images so far)]``) after
+    the first, the rate over the last ``window`` seconds (since the first batch, before that);
+    0 from 0 s to the first batch."""
+    if not series:
+        return [], []
+    times, values, j = [0.0, series[0][0]], [0.0, 0.0], 0
+    for i in range(1, len(series)):
+        now, images = series[i]
+        while j + 1 < i and series[j + 1][0] <= now - window:
+            j += 1
+        times.append(now)
+        values.append((images - series[j][1]) / (now - series[j][0]) if now > series[j][0] else 0.0)
+    return times, values
+
+
+def draw(results, path, title):
+    """Write the picture of ``results`` (``{contender: Result}``, the best rounds) to ``path``;
+    ImportError (with what to install) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exn:
+        raise ImportError("the picture needs matplotlib: pip install 'wdsmp[plot]'") from exn
+    figure, (over_time, by_stage) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for (name, result), colour in zip(results.items(), colours):
+        if result.series:
+            times, values = rates(result.series)
+            over_time.plot(times, values, label=f"{name} ({result.images_per_s:,.0f}/s)", color=colour)
+        else:
+            over_time.axhline(result.images_per_s, linestyle="--", label=f"{name} ({result.images_per_s:,.0f}/s)",
+                              color=colour)
+    over_time.set_xlabel("seconds since the loader was made")
+    over_time.set_ylabel("images/s")
+    over_time.set_ylim(bottom=0)
+    over_time.set_title("images/s over time (best round)")
+    over_time.legend(fontsize="small", loc="lower right")
+    names = [name for name, result in results.items() if result.stages]
+    stages = list(dict.fromkeys(stage for name in names for stage in results[name].stages))
+    left = [0.0] * len(names)
+    for stage, colour in zip(stages, colours[len(results):] + colours):
+        widths = [results[name].stages.get(stage, 0.0) for name in names]
+        by_stage.barh(names, widths, left=left, label=stage, color=colour)
+        left = [a + b for a, b in zip(left, widths)]
+    by_stage.invert_yaxis()
+    by_stage.set_xlabel("worker milliseconds per image (wall clock)")
+    by_stage.set_title("where the workers' time goes")
+    by_stage.legend(fontsize="small", loc="lower right")
+    figure.suptitle(title, fontsize="medium")
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)
