@@ -86,7 +86,18 @@ def test_reports_only_when_asked(capsys):
     stats = LoaderStats(report_every=1e-9)
     stats.start()
     stats.add_batch(_batch(0, 5, busy=10, decode=9), 0, epoch=3)
-    assert capsys.readouterr().err.startswith("wdsmp FastLoader: epoch 3, 1 batches, ")
+    assert capsys.readouterr().err == ""  # the first batch ends start-up: reports count from there
+    stats.add_batch(_batch(0, 5, busy=10, decode=9), 1000, epoch=3)
+    assert capsys.readouterr().err.startswith("wdsmp FastLoader: epoch 3, 2 batches, ")
+
+
+def test_workers_busy_leaves_start_up_out():
+    stats = LoaderStats(num_workers=2)
+    stats.add_batch(_batch(0, 4, busy=5000), 0, epoch=0)  # a long start-up, in the first batch
+    stats.first -= 100_000_000  # the first batch came 100 ms ago
+    stats.add_batch(_batch(0, 4, busy=100), 1000, epoch=0)
+    stats.add_batch(_batch(1, 4, busy=60, slot=10), 1000, epoch=0)
+    assert stats.snapshot(0)["workers_busy"] == pytest.approx((100 + 50) / (2 * 100), rel=0.05)
 
 
 def _figures(wait=1.0, training=1.0, transfer=0.0, busy=0.9, batches=10, jpeg=0, region=0, misses=0, **seconds):
@@ -113,6 +124,7 @@ def _figures(wait=1.0, training=1.0, transfer=0.0, busy=0.9, batches=10, jpeg=0,
     (_figures(split=7, decode=3), None, "input-bound: 70% of worker time is unpacking shards"),
     (_figures(stages=6, decode=4), None, "stage-bound: 60% of worker time is in the stages= given"),
     (_figures(slot_wait=5, decode=1), None, "delivery-bound: training waited 50% of the time while workers waited"),
+    (_figures(decode=8, busy=0.4), None, "; the workers were idle 60% of the time (epochs of fewer batches"),
     (_figures(write=6, decode=4), None, "loader-bound: 60% of worker time is spent writing labels"),
 ])
 def test_the_bottleneck_in_words(figures, cache_dir, expected):
@@ -193,10 +205,10 @@ def test_a_throttled_server_is_input_bound(tmp_path, http_server):
 
 
 def test_progress_prints_the_bottleneck(tmp_path, capsys):
-    index = _shards(tmp_path, 1, 8, 32)
+    index = _shards(tmp_path, 1, 16, 32)
     with wdsmp.FastLoader(index, 4, num_workers=1, image_size=16, progress=1e-6) as loader:
         list(loader)
     lines = capsys.readouterr().err.splitlines()
-    assert lines[0].startswith("wdsmp FastLoader: epoch 0, 1 batches, ") and "images/s; starting: " in lines[0]
-    assert lines[1].startswith("wdsmp FastLoader: epoch 0, 2 batches, ")
-    assert lines[1].split("images/s; ")[1].split(":")[0].endswith("-bound"), lines
+    assert [line.split(" batches, ")[0] for line in lines] == [f"wdsmp FastLoader: epoch 0, {n}" for n in (2, 3, 4)]
+    causes = [line.split("images/s; ")[1].split(":")[0] for line in lines]
+    assert all(cause == "starting" or cause.endswith("-bound") for cause in causes) and causes[-1] != "starting", lines

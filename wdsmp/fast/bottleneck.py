@@ -5,7 +5,8 @@ than ``WAITING`` of its time, training is the bottleneck. Otherwise the
 workers' largest share of time names it: reading shards (input-bound, with
 advice by where the shards are), decoding and resizing (decode-bound), the
 user's stages, or waiting for free slots while the training loop waits too
-(the main process hands batches out slowly).
+(the main process hands batches out slowly). Workers busy less than ``IDLE``
+of the time are said too: more workers would not help then either.
 """
 
 import os
@@ -16,6 +17,7 @@ from .options import default_workers
 __all__ = ["WAITING", "diagnose", "shard_source"]
 
 WAITING = 0.15  # the share of its time the training loop may wait for data and still be the bottleneck
+IDLE = 0.5  # workers busy less than this while the training loop waits: said, with the likely causes
 
 
 def shard_source(urls):
@@ -59,6 +61,13 @@ def _decode_advice(figures, num_workers):
     return advice
 
 
+def _idle(busy):
+    if busy >= IDLE:
+        return ""
+    return (f"; the workers were idle {_share(1 - busy)} of the time (epochs of fewer batches than workers, "
+            f"or starting and ending often)")
+
+
 def diagnose(figures, *, num_workers, source, cache_dir=None):
     """The bottleneck of ``figures`` (``LoaderStats``'s, with ``batches``) in one sentence,
     beginning with its name: ``training-bound``, ``transfer-bound``, ``input-bound``,
@@ -75,15 +84,20 @@ def diagnose(figures, *, num_workers, source, cache_dir=None):
         return (f"training-bound: the training loop held the batches {_share(figures['training_s'] / main)} of "
                 f"the time and waited for data {_share(waited)}, workers busy {_share(busy)}: the loader keeps up, "
                 f"more workers would not help")
+    return _loader_bound(figures, f"training waited {_share(waited)} of the time", num_workers, source,
+                         cache_dir) + _idle(busy)
+
+
+def _loader_bound(figures, waiting, num_workers, source, cache_dir):
+    """The sentence for a run whose training loop waited for data: the workers' largest share."""
     seconds = {name: stage["seconds"] for name, stage in figures["stages"].items()}
     work = sum(seconds.values()) - seconds["slot_wait"]
     if work <= 0 or seconds["slot_wait"] > work:
-        return (f"delivery-bound: training waited {_share(waited)} of the time while workers waited for free "
-                f"slots: the main process hands batches out slowly (copy=True copies, .cuda() transfers)")
+        return (f"delivery-bound: {waiting} while workers waited for free slots: the main process hands "
+                f"batches out slowly (copy=True copies, .cuda() transfers)")
     groups = {"input": seconds["fetch"] + seconds["split"], "decode": seconds["decode"] + seconds["resize"],
               "stages": seconds["stages"], "other": seconds["write"] + seconds["other"]}
     largest = max(groups, key=groups.get)
-    waiting = f"training waited {_share(waited)} of the time"
     if largest == "input":
         if seconds["fetch"] >= seconds["split"]:
             return (f"input-bound: {_share(seconds['fetch'] / work)} of worker time is reading shards from "
@@ -91,7 +105,8 @@ def diagnose(figures, *, num_workers, source, cache_dir=None):
         return (f"input-bound: {_share(seconds['split'] / work)} of worker time is unpacking shards (tar, gzip), "
                 f"{waiting}: uncompressed shards or more workers would help")
     if largest == "decode":
-        return f"decode-bound: workers busy {_share(busy)}, {waiting}: {_decode_advice(figures, num_workers)}"
+        return (f"decode-bound: workers busy {_share(figures['workers_busy'])}, {waiting}: "
+                f"{_decode_advice(figures, num_workers)}")
     if largest == "stages":
         return (f"stage-bound: {_share(seconds['stages'] / work)} of worker time is in the stages= given, "
                 f"{waiting}: make them cheaper, or use more workers")

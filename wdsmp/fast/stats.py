@@ -19,8 +19,11 @@ NOTE [stage times]
     * Rates: ``images_per_s`` counts from the first batch handed out to the
       last one (the steady rate); ``images_per_s_with_startup`` from the
       loader's construction, as a wall clock around the whole run sees it.
+      ``workers_busy`` and the reports on stderr also start at the first
+      batch: before it, starting the workers weighs more than anything else.
 """
 
+import copy
 import sys
 from time import perf_counter_ns
 
@@ -88,8 +91,8 @@ class _Totals:
         self.workers = [[0] * len(BATCH_FIELDS) for _ in range(num_workers)]
 
     def copy(self):
-        other = _Totals(0)
-        other.__dict__.update(self.__dict__, workers=[list(w) for w in self.workers])
+        other = copy.copy(self)
+        other.workers = [list(w) for w in self.workers]
         return other
 
     def minus(self, earlier):
@@ -123,19 +126,16 @@ class LoaderStats:
         self.num_workers, self.source, self.cache_dir = num_workers, source, cache_dir
         self.totals = _Totals(num_workers)
         self.constructed = perf_counter_ns()
-        self.started = None  # perf_counter_ns() of the first iter()
-        self.first = self.last = None  # ... of the first and the last batch handed out
+        self.first = self.last = None  # perf_counter_ns() of the first and the last batch handed out
+        self.at_first = None  # a copy of ``totals`` with the first batch in: what start-up made
         self.first_samples = 0  # the first batch's
         self.startup_wait_ns = 0  # the wait for the first batch
         self.handed_at = None  # when the batch the training loop holds now was handed out
-        self.reported, self.reported_at = self.totals.copy(), None
+        self.reported = self.reported_at = None  # ``totals`` and the time at the last report (or the first batch)
 
     def start(self):
-        """An epoch begins (``iter()``): the clock runs from the first one on."""
-        now = perf_counter_ns()
-        if self.started is None:
-            self.started = self.reported_at = now
-        self.handed_at = None  # time between epochs is nobody's
+        """An epoch begins (``iter()``): the time since the last one ended is nobody's."""
+        self.handed_at = None
 
     def add_batch(self, message, waited_ns, epoch):
         """The batch of ``message`` (a ``BatchReady``) taken off the queue after ``waited_ns``."""
@@ -151,10 +151,12 @@ class LoaderStats:
             for i, value in enumerate(message.times):
                 worker[i] += value
         now = perf_counter_ns()
-        if self.first is None:
-            self.first, self.first_samples = now, message.count
         self.last = now
-        if self.report_every is not None and (now - self.reported_at) / 1e9 >= self.report_every:
+        if self.first is None:  # reports and rates start here: the rest is start-up
+            self.first, self.first_samples = now, message.count
+            self.at_first = self.reported = totals.copy()
+            self.reported_at = now
+        elif self.report_every is not None and (now - self.reported_at) / 1e9 >= self.report_every:
             window = totals.minus(self.reported)
             print(f"wdsmp FastLoader: {self.describe(epoch, window, now - self.reported_at)}", file=sys.stderr,
                   flush=True)
@@ -179,18 +181,23 @@ class LoaderStats:
         self.totals.skipped += skipped
         self.totals.padded += padded
 
-    def _figures(self, totals, wall_ns):
-        """The stage figures of ``totals`` over ``wall_ns`` of wall clock."""
+    def _busy(self, steady, wall_ns):
+        """The share of ``wall_ns`` the workers spent on batches (not waiting for slots), from
+        ``steady``, totals that leave start-up out."""
+        working = sum(w[_BUSY] - w[_NS["slot_wait"]] for w in steady.workers)
+        return min(working / (wall_ns * self.num_workers), 1.0) if wall_ns > 0 else 0.0
+
+    def _figures(self, totals, busy):
+        """The stage figures of ``totals``, the workers ``busy`` that share of the time."""
         main = totals.wait_ns + totals.training_ns + totals.transfer_ns
         overall = [sum(column) for column in zip(*totals.workers)] or [0] * len(BATCH_FIELDS)
         images = overall[_COUNT["images"]]
-        working = overall[_BUSY] - overall[_NS["slot_wait"]]
         workers = [{"worker": w, "images": fields[_COUNT["images"]], "busy_s": fields[_BUSY] / 1e9,
                     "stages": _stages(fields, fields[_COUNT["images"]])} for w, fields in enumerate(totals.workers)]
         return {
             "wait_s": totals.wait_ns / 1e9, "training_s": totals.training_ns / 1e9,
             "transfer_s": totals.transfer_ns / 1e9, "wait_fraction": totals.wait_ns / main if main else 0.0,
-            "workers_busy": min(working / (wall_ns * self.num_workers), 1.0) if wall_ns > 0 else 0.0,
+            "workers_busy": busy,
             "worker_busy_s": overall[_BUSY] / 1e9, "stages": _stages(overall, images), "workers": workers,
             "decode": {"jpeg": overall[_COUNT["jpeg"]], "region": overall[_COUNT["region"]],
                        "dct_scaled": overall[_COUNT["scaled"]]},
@@ -207,19 +214,20 @@ class LoaderStats:
         totals = self.totals
         elapsed = self.last - self.first if self.first is not None else 0
         startup = self.first - self.constructed if self.first is not None else 0
-        figures = self._figures(totals, self.last - self.started if self.first is not None else 0)
+        busy = self._busy(totals.minus(self.at_first), elapsed) if self.first is not None else 0.0
+        figures = self._figures(totals, busy)
         return dict(
             {"epoch": epoch, "batches": totals.batches, "samples": totals.samples, "skipped": totals.skipped,
              "padded": totals.padded, "startup_s": startup / 1e9, "elapsed_s": elapsed / 1e9,
              "images_per_s": _rate(totals.samples - self.first_samples, elapsed),
              "images_per_s_with_startup": _rate(totals.samples, elapsed + startup),
-             "interval": "elapsed_s, images_per_s and the times in the main process run from the first batch "
-                         "handed out to the last; startup_s from the loader's construction to the first batch; "
-                         "images_per_s_with_startup over both"},
+             "interval": "elapsed_s, images_per_s, workers_busy and the times in the main process run from the "
+                         "first batch handed out to the last; startup_s from the loader's construction to the first "
+                         "batch; images_per_s_with_startup over both"},
             **figures, bottleneck=self._bottleneck(totals, figures))
 
     def describe(self, epoch, window, wall_ns):
         """One line: the rate and the bottleneck over ``window`` (totals over ``wall_ns``)."""
-        figures = self._figures(window, wall_ns)
+        figures = self._figures(window, self._busy(window, wall_ns))
         return (f"epoch {epoch}, {self.totals.batches:,} batches, {_rate(window.samples, wall_ns):,.0f} images/s; "
                 f"{self._bottleneck(window, figures)}")
