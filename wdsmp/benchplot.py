@@ -5,24 +5,25 @@ matplotlib is an optional extra (``pip install 'wdsmp[plot]'``); :func:`draw` sa
 it is missing, and the benchmark goes on without the picture.
 """
 
+import bisect
+
 __all__ = ["draw", "rates"]
 
-_WINDOW_S = 3.0  # the rate at a batch counts the images of the batches in the seconds before it
+_WINDOW_S = 3.0  # the rate at a batch counts the images that came in the seconds before it
 
 
 def rates(series, window=_WINDOW_S):
-    """``(times, images/s)``: at each batch of ``series`` (``[(seconds, images so far)]``) after
-    the first, the rate over the last ``window`` seconds (since the first batch, before that);
-    0 from 0 s to the first batch."""
-    if not series:
-        return [], []
-    times, values, j = [0.0, series[0][0]], [0.0, 0.0], 0
-    for i in range(1, len(series)):
-        now, images = series[i]
-        while j + 1 < i and series[j + 1][0] <= now - window:
-            j += 1
+    """``(times, images/s)``: at 0 s and at each batch of ``series`` (``[(seconds since the loader
+    was made, images so far)]``), the images that came in the last ``window`` seconds, over
+    ``window`` (over the time since 0 s, before ``window`` seconds have passed)."""
+    times, values = [0.0], [0.0]
+    arrivals = [t for t, _ in series]
+    for now, images in series:
+        start = max(now - window, 0.0)
+        before = bisect.bisect_right(arrivals, start)  # batches that came by ``start``
+        earlier = series[before - 1][1] if before else 0
         times.append(now)
-        values.append((images - series[j][1]) / (now - series[j][0]) if now > series[j][0] else 0.0)
+        values.append((images - earlier) / (now - start) if now > start else 0.0)
     return times, values
 
 

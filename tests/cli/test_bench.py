@@ -61,10 +61,11 @@ def test_the_time_per_image_by_stage_of_each_contender(tmp_path):
 
 
 def test_the_rate_over_time_counts_the_last_seconds():
-    assert rates([]) == ([], [])
-    times, values = rates([(1.0, 10), (2.0, 20), (3.0, 30), (5.0, 40), (9.0, 50)], window=3.0)
-    assert times == [0.0, 1.0, 2.0, 3.0, 5.0, 9.0]
-    assert values == [0.0, 0.0, 10.0, 10.0, 20 / 3, 10 / 4]  # nothing before the first batch
+    assert rates([]) == ([0.0], [0.0])
+    times, values = rates([(1.0, 10), (2.0, 20), (2.0, 30), (5.0, 40), (9.0, 50)], window=3.0)
+    assert times == [0.0, 1.0, 2.0, 2.0, 5.0, 9.0]
+    # from 0 s until 3 s have passed; then over (t - 3, t]: two batches at once make no spike
+    assert values == [0.0, 10 / 1, 20 / 2, 30 / 2, (40 - 30) / 3, (50 - 40) / 3]
 
 
 def test_a_directory_that_is_not_a_corpus_is_a_usage_error(tmp_path, capsys):
