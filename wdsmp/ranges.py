@@ -9,6 +9,7 @@ import os
 import warnings
 from itertools import islice
 
+from . import _env
 from .cache import FileCache
 from .gopen import gopen, local_path
 from .handlers import reraise_exception
@@ -32,7 +33,7 @@ def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None):
     for shard in ranges:
         opener = gopen
         if cache_dir is not None:
-            cache = FileCache(cache_dir)
+            cache = FileCache(cache_dir, verbose=_env.gopen_verbose())
             try:
                 if clock is None or local_path(shard.url) is not None:  # local files are not cached
                     cache.get_file(shard.url)
