@@ -160,8 +160,9 @@ def _shards(directory, shards, per_shard, size, noise=20):
 
 
 def test_stage_figures_add_up_to_the_workers_busy_time_and_name_decoding(tmp_path):
-    """One worker decoding largish JPEGs for a loop that takes them at once: decode-bound."""
-    index = _shards(tmp_path, 2, 24, 320)
+    """One worker decoding large JPEGs for a loop that takes them at once: decode-bound. (Large,
+    so that the loop's own time per batch, not measured, stays small beside the stages'.)"""
+    index = _shards(tmp_path, 2, 24, 640)
     with wdsmp.FastLoader(index, 8, num_workers=1, image_size=64) as loader:
         for _ in loader:
             pass
