@@ -3,12 +3,13 @@
 import argparse
 import json
 import shlex
+import sys
 
 import numpy as np
 import simplejpeg
 
 import wdsmp
-from wdsmp.benchmark import CONTENDERS, STAGE_GROUPS, Result, as_json, open_corpus
+from wdsmp.benchmark import CONTENDERS, STAGE_GROUPS, Result, as_json, open_corpus, picture
 from wdsmp.benchplot import rates
 from wdsmp.cli import main
 from wdsmp.shardindex import write_index
@@ -92,3 +93,11 @@ def test_json_summary_has_the_best_round_and_every_round():
     assert summary["FastLoader"]["images_per_s"] == 201.0 and summary["FastLoader"]["rounds"] == [200.0, 201.0]
     assert json.loads(json.dumps(summary)) == summary
 
+
+def test_without_matplotlib_the_benchmark_says_how_to_get_the_picture(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed
+    rounds = {name: [Result(100.0, series=[(1.0, 8)], stages={"decode": 1.0})] for name in CONTENDERS}
+    corpus = argparse.Namespace(index={"samples": 32, "mean_width": 64, "mean_height": 48})
+    args = argparse.Namespace(plot=str(tmp_path / "x.png"), workers=1, batch_size=8)
+    assert picture(rounds, corpus, args) == "# no picture: the picture needs matplotlib: pip install 'wdsmp[plot]'"
+    assert not (tmp_path / "x.png").exists()
