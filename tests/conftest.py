@@ -27,6 +27,16 @@ def impl(request, monkeypatch):
     return request.param
 
 
+def region_decoder_missing():
+    """Why the JPEG region decoder is not in use, for a skip message: in the pure-Python twins'
+    variant of a test (``WDSMP_PUREPYTHON=1``, as ``impl`` sets it or the second CI run does) it
+    has no twin, and the native variant runs the test; otherwise it was not built."""
+    if os.environ.get("WDSMP_PUREPYTHON", "").strip().lower() in ("1", "true", "yes", "on"):
+        return ("pure-Python twins' variant (WDSMP_PUREPYTHON=1): the JPEG region decoder has no twin; "
+                "the native variant runs this test")
+    return "the JPEG region decoder is not built here (no libjpeg-turbo headers at build time)"
+
+
 def tar_bytes(members, format=tarfile.GNU_FORMAT, extra=None):
     """A tar archive in memory from ``[(name, data), ...]``; ``extra(tar)`` may add more."""
     buf = io.BytesIO()
@@ -82,6 +92,8 @@ def _open_files():
             continue
         if target.startswith("/dev/shm/pym-") and target.endswith(" (deleted)"):
             continue  # an arena of multiprocessing's shared heap: kept for the process's life by design
+        if "/matplotlib/mpl-data/fonts/" in target:
+            continue  # matplotlib caches the fonts it drew with, open, for the process's life
         if target.startswith("/") and not target.startswith(("/dev/null", "/dev/pts", "/dev/tty", "/proc/")):
             files[int(fd)] = target
     return files

@@ -13,7 +13,7 @@ import wdsmp as wds
 from tests.servers import aws_environment
 from wdsmp.errors import PipeError, ShardError
 from wdsmp.gopen import Pipe, ais_object_url, gopen, gopen_curl, rewrite_url, set_options
-from wdsmp.remote import HTTPReader, RemoteOptions
+from wdsmp.remote import HTTPReader, RemoteOptions, refused_here
 
 DATA = bytes(range(256)) * 4099  # ~1 MiB, not a multiple of any buffer size
 BIG = bytes(range(251)) * 12289  # ~3 MiB: a fault after 1.5 MB comes after whole 1 MiB reads
@@ -128,14 +128,36 @@ def test_http_fault_forever(http_server, fault, kw, message):
     assert len(http_server.requests("f.bin")) == 3
 
 
-def test_http_connection_refused():
+def _closed_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed when the block ends: nobody listens there
-    url = f"http://127.0.0.1:{port}/x.tar"
-    with pytest.raises(ShardError, match=r"GET failed: .*[Cc]onnection refused.*gave up after 1 retries") as info:
-        gopen(url, retries=1, **FAST)
+        return sock.getsockname()[1]  # closed when the block ends: nobody listens there
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_http_connection_refused_here_is_not_retried(host):
+    """Nothing listens on a port of this machine: retrying with backoff would only delay the error."""
+    port = _closed_port()
+    url = f"http://{host}:{port}/x.tar"
+    with pytest.raises(ShardError, match=rf"GET failed: connection refused by {host}:{port}, on this machine: "
+                                         r"nothing listens there \(not retried") as info:
+        gopen(url, retries=5, backoff=30, max_backoff=30)  # a retry would wait 15 s or more
     assert info.value.url == url
+
+
+def test_s3_connection_refused_here_is_not_retried(monkeypatch, tmp_path):
+    port = _closed_port()
+    aws_environment(monkeypatch, tmp_path, f"http://127.0.0.1:{port}")
+    with pytest.raises(ShardError, match=rf"GET failed: connection refused by 127.0.0.1:{port}, on this machine: "
+                                         r"nothing listens there \(not retried.*AWS_ENDPOINT_URL"):
+        gopen("s3://bucket/x.tar", retries=5, backoff=30, max_backoff=30)
+
+
+def test_refused_here_is_only_this_machine():
+    refused = ConnectionRefusedError(111, "Connection refused")
+    assert refused_here(refused, "127.0.0.2") and refused_here(refused, "[::1]") and refused_here(refused, "LOCALHOST")
+    assert not refused_here(refused, "10.0.0.1") and not refused_here(refused, "example.com")
+    assert not refused_here(ConnectionResetError(), "127.0.0.1")
 
 
 def test_http_object_changed_while_reading(http_server):

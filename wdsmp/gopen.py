@@ -70,6 +70,7 @@ __all__ = [
     "gopen_pipe",
     "gopen_s3",
     "gopen_schemes",
+    "has_opener",
     "info",
     "local_path",
     "reader",
@@ -594,6 +595,14 @@ def _opener(url):
     if scheme in _env.ais_schemes():
         return gopen_ais
     return gopen_schemes.get(scheme) or gopen_schemes.get("__default__", gopen_error)
+
+
+def has_opener(url):
+    """Whether ``gopen`` knows how to open ``url`` (after rewriting): ``-``, a local path, or
+    a scheme with an opener, so that a tool can call an unknown scheme a usage error before
+    it opens anything."""
+    url = rewrite_url(_as_url(url))
+    return url == "-" or _opener(url) is not gopen_error
 
 
 def gopen(url, mode="rb", bufsize=8192, *, secure=False, **kw):

@@ -5,17 +5,20 @@ plan (``epochplan.py``) the same way, so that both make the same samples in
 the same order from the same seed.
 """
 
+import os
 import warnings
 from itertools import islice
 
-from .cache import FileCache, cached_tarfile_samples
+from . import _env
+from .cache import FileCache
+from .gopen import gopen, local_path
 from .handlers import reraise_exception
 from .tariterators import tarfile_samples
 
 __all__ = ["buffer_shuffled", "read_ranges"]
 
 
-def read_ranges(ranges, handler=reraise_exception, cache_dir=None):
+def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None):
     """The samples of each ``epochplan.ShardRange`` in turn: samples ``[start, stop)`` of its shard,
     opened directly or from the shard cache in ``cache_dir``.
 
@@ -24,18 +27,24 @@ def read_ranges(ranges, handler=reraise_exception, cache_dir=None):
     to be cached is first fetched whole: the rest of it is the next range's.
     A shard that cannot be cached (larger than the cache may hold, no room,
     another process fetching it for too long) is read directly, with a
-    warning: caching never stops training.
+    warning: caching never stops training. ``clock`` (a ``timing.ReadClock``)
+    gets the time spent fetching, opening and reading the shards' bytes.
     """
     for shard in ranges:
-        samples = None
+        opener = gopen
         if cache_dir is not None:
+            cache = FileCache(cache_dir, verbose=_env.gopen_verbose())
             try:
-                FileCache(cache_dir).get_file(shard.url)
-                samples = cached_tarfile_samples([shard.url], handler=handler, cache_dir=cache_dir)
+                if clock is None or local_path(shard.url) is not None:  # local files are not cached
+                    cache.get_file(shard.url)
+                else:
+                    clock.cache_fetch(cache.get_file, shard.url, os.path.exists(cache.entry_path(shard.url)))
+                opener = cache.open
             except Exception as exn:  # an unreadable source fails again below, through the handler
                 warnings.warn(f"could not cache {shard.url} in {cache_dir} ({exn}); reading it directly")
-        if samples is None:
-            samples = tarfile_samples([shard.url], handler=handler)
+        if clock is not None:
+            opener = clock.timed_opener(opener)
+        samples = tarfile_samples([shard.url], handler=handler, opener=opener)
         try:
             yield from islice(samples, shard.start, shard.stop)
         finally:

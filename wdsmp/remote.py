@@ -31,11 +31,14 @@ failures in a row (over HTTP, urllib3 counts those before a reply by kind:
 connect, read, status); every delivered byte resets the count, so a long object
 over a flaky link still finishes while a dead server fails after ``retries`` waits.
 End of data is only accepted at ``size`` (or, when no size was given, at the
-server's clean end of the body).
+server's clean end of the body). One failure is not retried: a connection refused
+by this machine (localhost, 127.0.0.0/8, ::1), where nothing listens on that port,
+fails at once, where retries would only delay the error by many seconds.
 """
 
 import functools
 import io
+import ipaddress
 import os
 import random
 import re
@@ -47,6 +50,7 @@ from .errors import ShardError
 
 __all__ = [
     "HTTPReader",
+    "refused_here",
     "HTTPWriter",
     "RemoteOptions",
     "Reply",
@@ -120,6 +124,33 @@ class Reply:
     length: int = None  # Content-Length of this reply
     content_range: str = None
     etag: str = None
+
+
+def _this_machine(host):
+    """Whether ``host`` (a name or an address, maybe in brackets) is this machine's loopback."""
+    host = (host or "").strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def refused_here(exn, host):
+    """Whether ``exn``, or an error it was raised from, is a connection refused by ``host`` when
+    that is this machine: nothing listens on the port, and retrying would only wait (module NOTE)."""
+    seen = exn
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return _this_machine(host)
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _refused_error(method, host, port, where):
+    return ShardError(f"{method} failed: connection refused by {host}:{port}, on this machine: nothing listens "
+                      f"there (not retried: start the server, or check the port)", url=where)
 
 
 def _located(url, origin):
@@ -381,11 +412,19 @@ def _retry_policy(options, retries):
 
 @functools.lru_cache(maxsize=None)
 def _capped_retry_class():
-    class CappedRetry(_urllib3().Retry):
-        """``Retry`` that waits no longer for a server's Retry-After than for its own backoff."""
+    urllib3 = _urllib3()
+
+    class CappedRetry(urllib3.Retry):
+        """``Retry`` that waits no longer for a server's Retry-After than for its own backoff, and
+        not at all after a connection refused by this machine (``refused_here``)."""
 
         def parse_retry_after(self, retry_after):
             return min(super().parse_retry_after(retry_after), self.backoff_max)
+
+        def increment(self, method=None, url=None, response=None, error=None, _pool=None, _stacktrace=None):
+            if error is not None and _pool is not None and refused_here(error, _pool.host):
+                raise urllib3.exceptions.MaxRetryError(_pool, url, error) from error
+            return super().increment(method, url, response, error, _pool, _stacktrace)
 
     return CappedRetry
 
@@ -427,6 +466,8 @@ def _send(method, url, headers, body, options, where, retries):
                                        body_pos=None if body is None else 0, preload_content=False,
                                        decode_content=False, timeout=timeout)
     except errors.MaxRetryError as exn:
+        if exn.pool is not None and refused_here(exn.reason, exn.pool.host):
+            raise _refused_error(method, exn.pool.host, exn.pool.port, where) from exn
         if isinstance(exn.reason, errors.ResponseError):  # the only one raised: too many redirects
             raise ShardError(f"{method} failed: more than {_REDIRECTS} redirects, the last to {exn.url}",
                              url=where) from exn

@@ -351,10 +351,11 @@ def group_by_keys(data, keys=base_plus_ext, lcase=True, suffixes=None, handler=N
 
 
 def tarfile_samples(src, handler=reraise_exception, select_files=None, rename_files=None,
-                    max_member_size=None):
-    """Shard URLs (``{"url": ...}`` dicts or strings) to samples; ``max_member_size``: see
+                    max_member_size=None, *, opener=gopen):
+    """Shard URLs (``{"url": ...}`` dicts or strings) to samples; ``opener(url)`` opens each
+    (gopen, or the shard cache's ``FileCache.open``); ``max_member_size``: see
     :func:`tar_file_iterator`."""
-    streams = url_opener(src, handler=handler)
+    streams = url_opener(src, handler=handler, opener=opener)
     members = tar_file_expander(streams, handler=handler, select_files=select_files,
                                 rename_files=rename_files, boundaries=True, max_member_size=max_member_size)
     return group_by_keys(members, handler=handler)

@@ -289,3 +289,33 @@ def test_verify_info_and_index_tell_of_link_members(tmp_path, capsys):
     samples = list(wds.WebDataset(str(path), shardshuffle=False))
     assert [sorted(s) for s in samples] == [["__key__", "__local_path__", "__url__", "cls", "jpg"]] * 2
     assert samples[1]["jpg"] == image(0)
+
+
+def test_an_index_without_sizes_or_digests_says_what_it_could_not_check(tmp_path, capsys):
+    with wds.ShardWriter(str(tmp_path / "s-%02d.tar"), maxcount=3, index=str(tmp_path / "index.json")) as sink:
+        for i in range(5):
+            sink.write({"__key__": f"k{i}", "txt": "hello"})
+    path = tmp_path / "s-00.tar"
+    data = bytearray(path.read_bytes())
+    data[offsets(str(path))["k0.txt"] + 512] ^= 1  # a copy with one byte flipped: counts alike, bytes not
+    path.write_bytes(bytes(data))
+    status, out = verify(capsys, "--index", str(tmp_path / "index.json"))
+    assert status == 0  # nothing the index holds disagrees ...
+    assert out.splitlines()[-1] == ("note: the index has no sizes and no sha256 digests: those checks were not "
+                                    "made, a changed byte would pass unseen (`wdsmp index` writes a manifest with "
+                                    "both)")  # ... and it says so
+    status, out = verify(capsys, "--json", "--index", str(tmp_path / "index.json"))
+    assert json.loads(out)["unchecked"].startswith("the index has no sizes and no sha256 digests")
+
+
+def test_an_index_with_sizes_and_digests_adds_no_note(capsys, indexed):
+    shards, index = indexed
+    status, out = verify(capsys, "--index", index)
+    assert status == 0 and "note:" not in out
+    assert json.loads(verify(capsys, "--json", "--index", index)[1])["unchecked"] is None
+
+
+def test_an_unknown_url_scheme_is_a_usage_error(capsys):
+    assert main(["verify", "nosuch://host/a.tar"]) == 2
+    assert capsys.readouterr().err.startswith("wdsmp verify: nosuch://host/a.tar: no opener for its URL scheme "
+                                              "(known schemes: file, pipe, http")

@@ -23,12 +23,15 @@ from wdsmp.fast.imagedecode import (
     center_crop_box,
     dct_scale,
     decode_into,
+    decode_with_options,
     random_resized_crop_box,
 )
+from wdsmp.fast.options import DecodeOptions
 from wdsmp.native import jpeg_region_available, jpeg_region_module
 
 from benchmarks.photos import photo
 
+from ..conftest import region_decoder_missing
 from .test_imgops import kernel
 
 
@@ -74,7 +77,7 @@ def region(request, impl):
     """Run a JPEG test with the region decoder and with whole-image decoding; the first
     only where the region decoder is in use (built, and the native core selected)."""
     if request.param == "region" and not jpeg_region_available():
-        pytest.skip("the JPEG region decoder is not in use")
+        pytest.skip(region_decoder_missing())
     return request.param == "region"
 
 
@@ -435,7 +438,24 @@ def test_bad_arguments(out, kw, match):
 def test_image_info():
     out, info = decode(jpeg(40, 50), (16, 16), region=False)
     assert isinstance(info, ImageInfo)
-    assert info._replace(box=None) == ImageInfo(40, 50, None, False, (20, 25), "jpeg")  # at 1/2 scale
+    assert info._replace(box=None) == ImageInfo(40, 50, None, False, (20, 25), "jpeg", 4, False)  # at 1/2 scale
+
+
+class Clock:
+    decode_ns = resize_ns = 0
+
+
+def test_image_info_says_how_a_jpeg_was_decoded_and_the_clock_gets_the_time(region):
+    clock = Clock()
+    out = np.zeros((32, 32, 3), np.uint8)
+    info = decode_with_options(jpeg(300, 200), out, DecodeOptions(train=False, region=region), None, clock=clock)
+    assert (info.kind, info.scale, info.region) == ("jpeg", dct_scale(300, 200, *info.box[2:], 32, 32), region)
+    assert info.scale == 2  # 1/4 still covers 32 x 32
+    full = decode_with_options(jpeg(300, 200), out, DecodeOptions(train=False, dct_scaling=False, region=False), None)
+    assert (full.scale, full.region) == (8, False)
+    assert clock.decode_ns > 0 and clock.resize_ns > 0
+    png = decode_with_options(encode(photo(30, 20, 0), "PNG"), out, DecodeOptions(train=False), None, clock=clock)
+    assert (png.kind, png.scale, png.region) == ("pil", 8, False)
 
 
 # The JPEG region decoder (NOTE [jpeg regions]).
@@ -449,7 +469,7 @@ def jpegregion():
     """The region decoder module; the test is skipped where it is not in use."""
     module = jpeg_region_module()
     if module is None:
-        pytest.skip("the JPEG region decoder is not in use (not built, or WDSMP_PUREPYTHON=1)")
+        pytest.skip(region_decoder_missing())
     return module
 
 

@@ -298,7 +298,7 @@ def test_progress_reports_throughput(shards, capsys):
     with _loader(index, progress=1e-6) as loader:
         list(loader)
         assert loader.stats["samples"] == 68 and loader.stats["images_per_s"] > 0
-    assert "wdsmp FastLoader: epoch 0, 1 batches" in capsys.readouterr().err
+    assert "wdsmp FastLoader: epoch 0, 2 batches" in capsys.readouterr().err  # reports start after the first batch
 
 
 def test_a_ring_too_big_for_dev_shm_is_a_clear_error(shards):

@@ -73,14 +73,16 @@ def add_parser(subparsers):
     ls = subparsers.add_parser("ls", help="list the members of shards with their sizes",
                                description="List every regular member of shards, one per line: shard, "
                                "member name and size in bytes, tab-separated (--json: a list).")
-    ls.add_argument("shards", nargs="+", metavar="SHARDS", help="paths, brace patterns, globs, URLs, '-'")
+    ls.add_argument("shards", nargs="+", metavar="SHARDS",
+                    help="paths, brace patterns, globs, URLs, '-', or a shard index (.json)")
     add_common(ls)
     ls.set_defaults(func=run_ls)
     info = subparsers.add_parser("info", help="count the samples, fields and sizes of shards",
                                  description="Read shards and report their samples, the fields "
                                  "(extensions) with counts and sizes, total and mean sample sizes, "
                                  "and the samples of each shard.")
-    info.add_argument("shards", nargs="+", metavar="SHARDS", help="paths, brace patterns, globs, URLs, '-'")
+    info.add_argument("shards", nargs="+", metavar="SHARDS",
+                      help="paths, brace patterns, globs, URLs, '-', or a shard index (.json)")
     add_common(info)
     info.set_defaults(func=run_info)
 
@@ -92,7 +94,7 @@ def _members(url):
 
 
 def run_ls(args):
-    urls = expand_inputs(args.shards)
+    urls = expand_inputs(args.shards, indexes=True)
     listing, failed = [], 0
     for url in urls:
         try:
@@ -137,7 +139,7 @@ def _shard_info(url, fields, progress):
 
 
 def run_info(args):
-    urls = expand_inputs(args.shards)
+    urls = expand_inputs(args.shards, indexes=True)
     fields = {}
     with Progress("info", quiet=args.quiet) as progress:
         shards = [_shard_info(url, fields, progress) for url in urls]

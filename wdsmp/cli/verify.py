@@ -9,7 +9,9 @@ cannot be opened (a missing file, an HTTP error) is a problem of that shard like
 Each problem names the shard, the member and its byte offset where there is one.
 
 ``--index`` compares sample counts, sizes and sha256 digests with a manifest (see
-:mod:`wdsmp.shardindex`); the digest comes from the same pass that reads the tar.
+:mod:`wdsmp.shardindex`); the digest comes from the same pass that reads the tar. A
+manifest without sizes or digests (one written by ``ShardWriter(index=...)`` holds counts
+only) cannot catch a changed byte: the summary then says which checks were not made.
 ``--decode`` decodes every image with the loaders' image decoder, and every JPEG once more
 with strict libjpeg-turbo, because Pillow decodes JPEGs with corrupt entropy data into
 wrong pixels without a word (JPEG has no checksum: damage libjpeg-turbo does not notice
@@ -235,6 +237,18 @@ def _index_problems(report, entry, index):
         yield Problem(url, "index", f"sha256 {report.sha256}, the index says {entry['sha256']}")
 
 
+def _unchecked(entries, urls):
+    """What the manifest could not check in the shards ``urls``, as a sentence, or None."""
+    listed = [entries[_place(url)] for url in urls if _place(url) in entries]
+    missing = [f"{what} ({sum(key not in e for e in listed)} of {len(listed)} shards)" if any(key in e for e in listed)
+               else what for key, what in (("size", "sizes"), ("sha256", "sha256 digests"))
+               if any(key not in e for e in listed)]
+    if not missing:
+        return None
+    return (f"the index has no {' and no '.join(missing)}: those checks were not made, a changed byte would "
+            f"pass unseen (`wdsmp index` writes a manifest with both)")
+
+
 def add_parser(subparsers):
     parser = subparsers.add_parser(
         "verify", help="check shards: tar structure, samples, images, against an index",
@@ -264,6 +278,7 @@ def run(args):
     else:
         urls = [entry["url"] for entry in entries.values()]
     hashed = entries is not None and any("sha256" in entry for entry in entries.values())
+    unchecked = _unchecked(entries, urls) if entries is not None else None
     problems, notes, samples, nbytes, bad = [], [], 0, 0, 0
     with Progress("verify", total=len(urls), unit="shards", quiet=args.quiet) as progress:
         for url in urls:
@@ -283,11 +298,14 @@ def run(args):
             progress.update(1, report.size or 0)
     if args.json:
         print_json({"shards": len(urls), "samples": samples, "bytes": nbytes, "bad_shards": bad,
-                    "problems": [asdict(p) for p in problems], "notes": [asdict(n) for n in notes]})
+                    "problems": [asdict(p) for p in problems], "notes": [asdict(n) for n in notes],
+                    "unchecked": unchecked})
     else:
         verdict = (f"{len(problems)} problem{'s' * (len(problems) != 1)} in {bad} shard{'s' * (bad != 1)}"
                    if problems else "no problems")
         if notes:
             verdict += f" ({len(notes)} note{'s' * (len(notes) != 1)})"
         print(f"verified {len(urls)} shard{'s' * (len(urls) != 1)}, {samples} samples, {nbytes:,} bytes: {verdict}")
+        if unchecked is not None:
+            print(f"note: {unchecked}")
     return 1 if problems else 0

@@ -4,6 +4,7 @@ in ``loader.py``, whose ``FastLoader`` creates an ``EpochIterator`` for each ``i
 
 import time
 from queue import Empty
+from time import perf_counter_ns
 
 from ..errors import WorkerError
 from . import pool as _pool
@@ -74,6 +75,7 @@ class EpochIterator:
         return self.plan.batches_per_rank - sum(self.delivered)
 
     def __next__(self):
+        self.stats.returned()
         if self.held is not None:
             self.release(self.held)
             self.held = None
@@ -84,6 +86,7 @@ class EpochIterator:
             self.release(message)
         else:
             self.held = message
+        self.stats.handed()
         return batch
 
     def next_message(self):
@@ -92,7 +95,7 @@ class EpochIterator:
         if self.finished:
             raise StopIteration
         self.resources.check_open()
-        started = time.monotonic()
+        started, waiting = time.monotonic(), perf_counter_ns()
         while True:
             stream = self._next_stream()
             if stream is None:
@@ -104,7 +107,7 @@ class EpochIterator:
                 break
             self._receive(worker, started)
         self.delivered[stream] += 1
-        self.stats.add_batch(message.count, time.monotonic() - started, self.plan.epoch)
+        self.stats.add_batch(message, perf_counter_ns() - waiting, self.plan.epoch)
         return message
 
     def hand(self, message):

@@ -38,6 +38,7 @@ trained with torchvision transforms sees the same geometry.
 import io
 import math
 import re
+from time import perf_counter_ns
 from typing import NamedTuple, Tuple
 
 import numpy as np
@@ -77,6 +78,8 @@ class ImageInfo(NamedTuple):
     # through the region decoder only the region of the DCT-scaled image the crop reads.
     decoded: Tuple[int, int]
     kind: str  # "jpeg", "ppm", "npy", "pil" or "array"
+    scale: int = 8  # a JPEG was decoded at scale/8 (DCT scaling); 8 for full size and other formats
+    region: bool = False  # a JPEG decoded only over the region the crop reads (NOTE [jpeg regions])
 
 
 def _uniform(rng, low, high):
@@ -224,7 +227,7 @@ def _npy_pixels(data):
 
 
 def _pil_pixels(data, box_of, out_size, dct_scaling, budget):
-    """``(pixels, height, width, box, box in pixels, "pil")`` through Pillow: the size is
+    """``(pixels, height, width, box, box in pixels, "pil", scale, False)`` through Pillow: the size is
     checked before the pixels are decoded, a JPEG is decoded at the DCT scale that covers the
     box (Pillow's ``draft``), and what is decoded is held to ``budget`` pixels (formats other
     than JPEG cannot be decoded smaller: they are refused above it)."""
@@ -252,11 +255,11 @@ def _pil_pixels(data, box_of, out_size, dct_scaling, budget):
     sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
     y0, x0 = box[0] * sy, box[1] * sx
     scaled = (y0, x0, min(box[2] * sy, pixels.shape[0] - y0), min(box[3] * sx, pixels.shape[1] - x0))
-    return pixels, height, width, box, scaled if (sy, sx) != (1, 1) else box, "pil"
+    return pixels, height, width, box, scaled if (sy, sx) != (1, 1) else box, "pil", n, False
 
 
 def _jpeg_pixels(data, box_of, out_size, dct_scaling, region, budget):
-    """``(pixels, height, width, box, box in pixels, kind)`` of a JPEG, decoded at a DCT
+    """``(pixels, height, width, box, box in pixels, kind, scale, region)`` of a JPEG, decoded at a DCT
     scale that covers the box, only the region the crop needs when ``region`` and the
     region decoder is built (NOTE [jpeg regions]); None for what libjpeg-turbo cannot
     read or would convert differently (CMYK). What it refuses after the header goes to
@@ -289,7 +292,7 @@ def _jpeg_pixels(data, box_of, out_size, dct_scaling, region, budget):
         else:
             y, x = y0 - top, x0 - left
             return pixels, height, width, box, (y, x, min(inside[2], pixels.shape[0] - y),
-                                                min(inside[3], pixels.shape[1] - x)), "jpeg"
+                                                min(inside[3], pixels.shape[1] - x)), "jpeg", n, True
     # ceil(side n / 8): simplejpeg then picks exactly n/8 (see dct_scale).
     check_budget(scaled_h, scaled_w, budget, "the JPEG image")
     scaled = {} if n == 8 else {"min_height": scaled_h, "min_width": scaled_w}
@@ -297,7 +300,7 @@ def _jpeg_pixels(data, box_of, out_size, dct_scaling, region, budget):
         pixels = simplejpeg.decode_jpeg(data, "RGB", **scaled)
     except ValueError:
         return _pil_pixels(data, lambda h, w: box, out_size, dct_scaling, budget)
-    return pixels, height, width, box, box if n == 8 else inside, "jpeg"
+    return pixels, height, width, box, box if n == 8 else inside, "jpeg", n, False
 
 
 def _region_span(start, length, out, size):
@@ -340,9 +343,11 @@ def decode_into(data, out, train, rng, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3
     return decode_with_options(data, out, options, rng, url=url, member=member)
 
 
-def decode_with_options(data, out, options, rng, *, url=None, member=None):
+def decode_with_options(data, out, options, rng, *, url=None, member=None, clock=None):
     """:func:`decode_into` with its crop arguments in ``options`` (a ``DecodeOptions``, checked
-    when it was made): the per-image path of the loader's workers, which checks them no more."""
+    when it was made): the per-image path of the loader's workers, which checks them no more.
+    ``clock``, if given, gets the nanoseconds spent decoding added to its ``decode_ns`` and
+    those spent cropping, resizing and flipping to its ``resize_ns``."""
     if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
             and out.flags.c_contiguous and out.flags.writeable):
         raise ValueError(f"out must be a writable C-contiguous HxWx3 uint8 array, not "
@@ -355,6 +360,7 @@ def decode_with_options(data, out, options, rng, *, url=None, member=None):
         return _center_box(height, width, *out_size, options.resize_ratio)
 
     budget = loader_pixel_budget(options.max_pixels, *out_size)
+    start = perf_counter_ns()
     try:
         encoded = isinstance(data, (bytes, bytearray, memoryview))
         decoded = None
@@ -366,20 +372,25 @@ def decode_with_options(data, out, options, rng, *, url=None, member=None):
             pixels = _array_pixels(data)
             height, width = pixels.shape[:2]
             box = scaled = box_of(height, width)
-            kind = "array"
+            kind, scale, region = "array", 8, False
         else:
-            pixels, height, width, box, scaled, kind = decoded
+            pixels, height, width, box, scaled, kind, scale, region = decoded
     except (_Refused, ImageTooLarge) as exn:
         raise DecodeError(str(exn), url, member) from exn.__cause__
     except (ValueError, OSError, SyntaxError) as exn:  # how libjpeg-turbo, numpy and Pillow report damage
         raise DecodeError(f"cannot decode the image ({type(exn).__name__}: {exn})", url, member) from exn
+    decoded_at = perf_counter_ns()
     flipped = bool(train and options.flip and rng.random() < options.flip)
     _resize(pixels, scaled, out, flipped)
-    return ImageInfo(height, width, tuple(box), flipped, pixels.shape[:2], kind)
+    if clock is not None:
+        end = perf_counter_ns()
+        clock.decode_ns += decoded_at - start
+        clock.resize_ns += end - decoded_at
+    return ImageInfo(height, width, tuple(box), flipped, pixels.shape[:2], kind, scale, region)
 
 
 def _raw_pixels(data, box_of, out_size, dct_scaling, budget):
-    """``(pixels, height, width, box, box in pixels, kind)`` of anything but a JPEG
+    """``(pixels, height, width, box, box in pixels, kind, scale, region)`` of anything but a JPEG
     libjpeg-turbo decodes: PNM and ``.npy`` pixels as they are, the rest through Pillow."""
     head = bytes(data[:6])
     pixels = None
@@ -390,7 +401,7 @@ def _raw_pixels(data, box_of, out_size, dct_scaling, budget):
     if pixels is None:
         return _pil_pixels(data, box_of, out_size, dct_scaling, budget)
     box = box_of(*pixels.shape[:2])
-    return pixels, pixels.shape[0], pixels.shape[1], box, box, kind
+    return pixels, pixels.shape[0], pixels.shape[1], box, box, kind, 8, False
 
 
 def _array_pixels(value):

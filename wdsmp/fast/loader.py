@@ -62,6 +62,7 @@ from ..handlers import reraise_exception
 from ..shardindex import shard_counts
 from . import pool as _pool
 from .batches import Batch, SlotTensors
+from .bottleneck import shard_source
 from .delivery import EpochIterator
 from .layout import BatchLayout, FieldSpec
 from .options import IMAGE_KEYS, DecodeOptions, LoaderOptions
@@ -128,8 +129,9 @@ class FastLoader:
     of 64 Mi and 256 times the output's pixels; JPEGs are decoded at reduced size first), and a
     tar member larger than ``WDSMP_MAX_MEMBER_SIZE`` (1 GiB) is a ``TarFormatError``.
 
-    Throughput: ``stats`` counts images, images/s and the time spent waiting for workers;
-    ``progress=True`` (or seconds between reports) prints them to stderr as it goes.
+    Throughput: ``stats`` says where the time goes, stage by stage, and names the bottleneck;
+    ``progress=True`` (or seconds between reports) prints the rate and the bottleneck to
+    stderr as it goes.
 
     Errors: by default a bad sample stops the epoch with a ``WorkerError`` naming the
     worker, shard and member; ``handler=wdsmp.warn_and_continue`` skips bad samples instead
@@ -180,7 +182,8 @@ class FastLoader:
         self._resources = LoaderResources(self._ring)
         self._finalizer = weakref.finalize(self, self._resources.close)
         self._slots = SlotTensors(self._ring, copy=self.copy, channels_first=self.channels_first)
-        self._stats = LoaderStats(report_every=self.progress)
+        self._stats = LoaderStats(report_every=self.progress, num_workers=self.num_workers,
+                                  source=shard_source([url for url, _ in self.shards]), cache_dir=options.cache_dir)
         self.epoch = 0
         self._resume = None
         self._delivery = None  # the current epoch's DeliveryState (never its iterator: see there)
@@ -274,9 +277,18 @@ class FastLoader:
 
     @property
     def stats(self):
-        """Counters since the loader started: batches, samples, images_per_s, wait_s (time spent
-        waiting for workers) and wait_fraction, skipped (bad samples the handler let pass) and
-        padded (rows repeated to keep batches full)."""
+        """Where the time went since the loader was made, as plain data (NOTE [stage times] in
+        ``stats.py``): ``batches``, ``samples``, ``skipped`` (bad samples the handler let pass),
+        ``padded`` (rows repeated to keep batches full); ``images_per_s`` over ``elapsed_s``
+        (from the first batch handed out to the last), ``startup_s`` (construction to the first
+        batch) and ``images_per_s_with_startup`` (``interval`` says so too); in the main process
+        ``wait_s`` (waiting for workers), ``training_s`` (the training loop holding batches),
+        ``transfer_s`` (``.cuda()``) and ``wait_fraction``; from the workers ``workers_busy``
+        (the share of their time spent on batches), ``worker_busy_s``, ``stages`` (``{stage:
+        {"seconds", "ms_per_image"}}`` for fetch, split, stages, decode, resize, write,
+        slot_wait and other), the same per worker in ``workers``, ``decode`` (JPEGs decoded, by
+        region, DCT-scaled) and ``shards`` (opened, cache hits and misses); and ``bottleneck``,
+        the sentence ``progress=`` prints."""
         return self._stats.snapshot(max(self.epoch - 1, 0))
 
     def cuda(self, device=None, *, mean=None, std=None, dtype=None, channels_last=True, depth=2):

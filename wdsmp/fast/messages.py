@@ -8,7 +8,7 @@ under spawn and forkserver.
 
 import traceback as _traceback
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from ..errors import WorkerError
 
@@ -29,6 +29,8 @@ class BatchReady:
     may be short when sample counts are unknown). ``consumed`` is how many
     items the worker had taken from its sample stream when the batch was
     done, skipped ones included: what a resume after this batch must drop.
+    ``times``: where the worker's time on this batch went, ints in the order of
+    ``stats.BATCH_FIELDS`` (NOTE [stage times] in stats.py); empty if untimed.
     """
 
     slot: int
@@ -38,6 +40,7 @@ class BatchReady:
     count: int
     consumed: int = 0
     stream: int = 0
+    times: Tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import warnings
 from dataclasses import dataclass
 from itertools import islice
 from queue import Empty
+from time import perf_counter_ns
 from typing import Callable, Optional, Tuple, Union
 
 import numpy as np
@@ -38,6 +39,7 @@ from .imagedecode import decode_with_options
 from .messages import BatchReady, Stop, WorkerDone, WorkerFailed, WorkerWarning
 from .options import DecodeOptions
 from .ring import Ring
+from .stats import WorkerClock
 
 __all__ = ["DecodeOptions", "WorkerConfig", "worker_main"]
 
@@ -86,7 +88,7 @@ def worker_main(worker, config, tasks, free, ready, stop):
         ready.put(WorkerWarning.from_warning(worker, message, category))
 
     warnings.showwarning = forward  # warnings go to the main process, where the user sees them
-    where = _Where()
+    where, clock = _Where(), WorkerClock()
     try:
         ring = Ring.attach(config.ring, config.layout)
     except BaseException as exn:
@@ -97,7 +99,9 @@ def worker_main(worker, config, tasks, free, ready, stop):
             plans = _wait(tasks, stop)
             if isinstance(plans, Stop):
                 return
-            _run_streams([_Stream(worker, config, plan, ring, free, ready, stop, where) for plan in plans], ready)
+            clock.restart()  # the time spent waiting for this epoch is nobody's
+            _run_streams([_Stream(worker, config, plan, ring, free, ready, stop, where, clock) for plan in plans],
+                         ready)
     except _Stopped:
         return
     except BaseException as exn:
@@ -166,9 +170,10 @@ def _located(exn, sample):
 class _Stream:
     """One stream of an epoch, run by one worker (NOTE [full batches])."""
 
-    def __init__(self, worker, config, plan, ring, free, ready, stop, where):
+    def __init__(self, worker, config, plan, ring, free, ready, stop, where, clock):
         self.worker, self.config, self.plan = worker, config, plan
         self.ring, self.free, self.ready, self.stop, self.where = ring, free, ready, stop, where
+        self.clock = clock  # the worker's: where its time went since its last batch (NOTE [stage times])
         self.batch_size = config.layout.batch_size
         self.specs = {spec.name: spec for spec in config.layout.fields}
         self.augment = random.Random(make_seed(plan.seed, "augment"))
@@ -204,19 +209,28 @@ class _Stream:
         return islice(samples, drop, None)
 
     def _read(self, ranges):
-        for sample in read_ranges(ranges, self._handle, self.config.cache_dir):
+        clock = self.clock
+        samples = read_ranges(ranges, self._handle, self.config.cache_dir, clock.reads)
+        while True:
+            start = perf_counter_ns()
+            sample = next(samples, None)
+            clock.read_ns += perf_counter_ns() - start
+            if sample is None:
+                return
             self.where.url, self.where.member = sample.get("__url__"), sample.get("__key__")
             yield sample
 
     def run(self):
         """Fill and announce this stream's batches, pausing after each (``self.index`` is the next
         one's number); its value at the end is the ``WorkerDone`` to send."""
-        plan, size = self.plan, self.batch_size
+        plan, size, clock = self.plan, self.batch_size, self.clock
         slot, rows = None, 0
         source = self._source()
         while plan.num_batches is None or self.index < plan.num_batches:
             try:
+                start = perf_counter_ns()
                 sample = next(source, None)
+                clock.source_ns += perf_counter_ns() - start
                 self.taken += sample is not None
             except Exception as exn:
                 # Stages are generators: one that raised has ended, and the rest of this stream with it.
@@ -230,11 +244,14 @@ class _Stream:
             if slot is None:
                 slot, arrays = self._take_slot()
             try:
+                start = perf_counter_ns()
                 self._fill(arrays, rows, sample)
             except Exception as exn:
                 if self._handle(_located(exn, sample)):
                     continue
                 break
+            finally:
+                clock.fill_ns += perf_counter_ns() - start
             self.samples += 1
             rows += 1
             if rows == size:
@@ -258,14 +275,17 @@ class _Stream:
         return WorkerDone(self.worker, plan.epoch, self.index, self.samples, self.skipped, self.padded, plan.stream)
 
     def _take_slot(self):
+        start = perf_counter_ns()
         slot = _wait(self.free, self.stop)
+        self.clock.slot_ns += perf_counter_ns() - start
         return slot, self.ring.views(slot)
 
     def _publish(self, slot, arrays, count):
         """Announce the slot as batch ``self.index`` and count it; None (no slot in hand)."""
         if count == self.batch_size:  # what _pad repeats once no row of the next slot is filled
             self.last_good = {name: array[-1].copy() for name, array in arrays.items()}
-        self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, self.index, count, self.taken, self.plan.stream))
+        self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, self.index, count, self.taken, self.plan.stream,
+                                  self.clock.batch_times()))
         self.index += 1
 
     def _pad(self, arrays, rows):
@@ -292,8 +312,9 @@ class _Stream:
         if ext is None:
             raise SampleError(f"no image field (one of {', '.join(config.image_keys)}) in the sample; "
                               f"it has {_fields(sample)}", url, key)
-        decode_with_options(sample[ext], arrays[IMAGES][row], config.decode, self.augment, url=url,
-                            member=f"{key}.{ext}")
+        info = decode_with_options(sample[ext], arrays[IMAGES][row], config.decode, self.augment, url=url,
+                                   member=f"{key}.{ext}", clock=self.clock)
+        self.clock.count_image(info)
         if config.label is not None:
             arrays[LABELS][row] = _label(sample, config.label, url, key)
         for name, source in config.fields:
