@@ -1,8 +1,11 @@
-"""Pure-Python twin of the native tar splitter (``src/ext/_tarsplit.pyx``).
+"""Pure-Python twin of the native tar splitter (``src/ext/_tarsplit.pyx``): ``TarSplitter``, and
+``TarHeaders``, which walks a tar file's headers alone.
 
-Same class, same results, same errors; selected with ``WDSMP_PUREPYTHON=1`` or
+Same classes, same results, same errors; selected with ``WDSMP_PUREPYTHON=1`` or
 when the extension is not built. Cold paths are shared through ``tarformat``.
 """
+
+import os
 
 from . import tarformat as _tf
 from .tarformat import BLOCK, checksum_ok, header_number
@@ -59,6 +62,10 @@ class TarSplitter:
             raise _tf.truncated_member(self.url, name, hoff, size + len(pad), padded)
         return data
 
+    def _member(self, size, name, hoff):
+        """A regular member's data (``TarHeaders`` skips it instead)."""
+        return self._take(size, name, hoff)
+
     def __next__(self):
         if self._done:
             raise StopIteration
@@ -107,7 +114,7 @@ class TarSplitter:
             if pax is not None and "size" in pax:
                 size = pax["size"]
             if typeflag in _tf.REGULAR_TYPES:
-                data = self._take(size, name, hoff)
+                data = self._member(size, name, hoff)
                 if name.endswith("/"):  # an old-style directory entry
                     longname = pax = None
                     moff = -1
@@ -132,3 +139,34 @@ class TarSplitter:
                     name = None
                 self._take(size, name, hoff)
         raise StopIteration
+
+
+class TarHeaders(TarSplitter):
+    """The regular-file members of an uncompressed tar file, from their headers alone: yields
+    ``(name, None, offset)`` as ``TarSplitter`` yields ``(name, data, offset)``, with the same
+    names and errors, but member data is never read: the walk jumps over it with ``pread``
+    on the file's descriptor. ``file`` is a binary file object opened on a regular file; it
+    is read from its start, and its size tells a truncated member from a whole one."""
+
+    def __init__(self, file, url=None, bufsize=4096):
+        super().__init__(file, url, bufsize)
+        self.fd = file.fileno()
+        self.size = os.fstat(self.fd).st_size
+
+    def _read(self, n):
+        parts = []
+        while n > 0:
+            chunk = os.pread(self.fd, min(n, _tf.UNTRUSTED_CHUNK), self.position)
+            if not chunk:
+                break
+            parts.append(chunk)
+            self.position += len(chunk)
+            n -= len(chunk)
+        return b"".join(parts)
+
+    def _member(self, size, name, hoff):
+        padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        if self.position + padded > self.size:
+            raise _tf.truncated_member(self.url, name, hoff, max(self.size - self.position, 0), padded)
+        self.position += padded
+        return None

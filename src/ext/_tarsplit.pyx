@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Native tar splitter: the regular-file members of a tar stream as ``(name, data, offset)``.
+"""Native tar splitter: the regular-file members of a tar stream as ``(name, data, offset)``;
+``TarHeaders``: the same from a tar file's headers alone, the data jumped over by offset.
 
 The pure-Python twin is ``wdsmp/_tarsplit_py.py``; both share the cold paths
 (errors, pax headers) in ``wdsmp/tarformat.py``. Reads go into one reused buffer
@@ -13,6 +14,10 @@ from cpython.memoryview cimport PyMemoryView_FromMemory
 from libc.stdlib cimport free, malloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
 from libc.string cimport memcmp, memcpy, memmove
+from libc.errno cimport EINTR, errno
+from posix.stat cimport fstat, struct_stat
+from posix.types cimport off_t
+from posix.unistd cimport pread
 
 from wdsmp import tarformat as _tf
 
@@ -306,7 +311,7 @@ cdef class TarSplitter:
             self.start += BLOCK
             self.position += BLOCK
             if typeflag == c'0' or typeflag == 0 or typeflag == c'7':
-                data = self._take(size, name, hoff)
+                data = self._member(size, name, hoff)
                 if PyUnicode_GET_LENGTH(name) and PyUnicode_READ_CHAR(name, PyUnicode_GET_LENGTH(name) - 1) == 47:
                     # a name ending in "/": an old-style directory entry
                     longname = pax = None
@@ -334,5 +339,64 @@ cdef class TarSplitter:
                            (size + BLOCK - 1) // BLOCK * BLOCK)
         raise StopIteration
 
+    cdef object _member(self, long long size, object name, long long hoff):
+        """A regular member's data (``TarHeaders`` skips it instead)."""
+        return self._take(size, name, hoff)
+
     cdef bytes _head(self, Py_ssize_t n):
         return (<char*>self.buf + self.start)[:n]
+
+
+cdef class TarHeaders(TarSplitter):
+    """The regular-file members of an uncompressed tar file, from their headers alone: yields
+    ``(name, None, offset)`` as ``TarSplitter`` yields ``(name, data, offset)``, with the same
+    names (GNU long names, pax records) and the same errors, but member data is never read:
+    the walk jumps over it with ``pread`` on the file's descriptor, so a shard costs a few
+    small reads per member whatever its size. ``file`` is a binary file object opened on a
+    regular file; it is read from its start, and its size (``fstat``) tells a truncated
+    member from a whole one.
+    """
+
+    cdef int fd
+    cdef long long size  # of the file
+    cdef long long offset  # file offset of buf[end], where the next read goes
+
+    def __init__(self, file, url=None, Py_ssize_t bufsize=4096):
+        super().__init__(file, url, bufsize)
+        self.fd = file.fileno()
+        cdef struct_stat info
+        if fstat(self.fd, &info) != 0:
+            raise OSError(errno, f"cannot stat the shard {url!r}")
+        self.size = info.st_size
+        self.offset = 0
+
+    cdef Py_ssize_t _readinto_mem(self, unsigned char* dest, Py_ssize_t n) except -1:
+        cdef ssize_t k
+        while True:
+            with nogil:
+                k = pread(self.fd, dest, n, self.offset)
+            if k >= 0:
+                break
+            if errno != EINTR:
+                raise OSError(errno, f"cannot read the shard {self.url!r}")
+        self.offset += k
+        return k
+
+    cdef int _skip(self, long long n, object name, long long hoff, long long got, long long padded) except -1:
+        """Jump over n bytes: the buffered ones, then the rest by offset, if the file has them."""
+        cdef Py_ssize_t buffered = self.end - self.start
+        if n <= buffered:
+            self.start += <Py_ssize_t>n
+            self.position += n
+            return 0
+        if self.position + n > self.size:
+            raise _tf.truncated_member(self.url, name, hoff, got + max(self.size - self.position, 0), padded)
+        self.position += n
+        self.offset = self.position
+        self.start = self.end = 0
+        return 0
+
+    cdef object _member(self, long long size, object name, long long hoff):
+        cdef long long padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        self._skip(padded, name, hoff, 0, padded)
+        return None
