@@ -9,11 +9,13 @@ __all__ = ["LoaderStats"]
 
 class LoaderStats:
     """Counters since the loader's first epoch began: batches and samples handed out,
-    seconds spent waiting for workers, samples skipped by the handler, rows padded."""
+    seconds spent waiting for workers, samples skipped by the handler, rows padded, and what
+    the epochs' plans left out or read twice (``add_plan``)."""
 
     def __init__(self, report_every=None):
         self.report_every = report_every  # seconds between reports; None: no reports
         self.batches = self.samples = self.skipped = self.padded = 0
+        self.dropped = self.dropped_shards = self.repeated = self.repeated_shards = 0
         self.wait_s = 0.0
         self.started = None  # time.monotonic() of the first epoch's start
         self.reported = 0.0  # ... of the last report
@@ -37,10 +39,22 @@ class LoaderStats:
         self.skipped += skipped
         self.padded += padded
 
+    def add_plan(self, dropped, repeated, whole_shards):
+        """An epoch's plan: ``dropped``, the ``ShardRange``s no rank reads, and ``repeated``, those
+        this rank reads twice (policy "pad"); samples counted where known, shards where the
+        plan deals out ``whole_shards``."""
+        self.dropped += sum(r.count for r in dropped if r.count is not None)
+        self.repeated += sum(r.count for r in repeated if r.count is not None)
+        if whole_shards:
+            self.dropped_shards += len(dropped)
+            self.repeated_shards += len(repeated)
+
     def snapshot(self, epoch):
         """The figures as a dict, with rates over the time since ``start()``."""
         elapsed = time.monotonic() - self.started if self.started is not None else 0.0
         return {"batches": self.batches, "samples": self.samples, "skipped": self.skipped, "padded": self.padded,
+                "dropped": self.dropped, "dropped_shards": self.dropped_shards, "repeated": self.repeated,
+                "repeated_shards": self.repeated_shards,
                 "wait_s": self.wait_s, "epoch": epoch, "elapsed_s": elapsed,
                 "images_per_s": self.samples / elapsed if elapsed > 0 else 0.0,
                 "wait_fraction": self.wait_s / elapsed if elapsed > 0 else 0.0}
