@@ -150,17 +150,18 @@ def test_whole_shard_epochs_count_and_announce_what_they_leave_out(shards, polic
     assert len(keys) == (1 if policy == "drop" else 2) * PER_SHARD
 
 
-def test_remote_shards_without_counts_are_refused_on_more_than_one_rank(shards, http_server):
+def test_remote_shards_without_counts_are_refused_on_more_than_one_rank(shards, http_server, monkeypatch):
     urls, _, _ = shards
     for url in urls:
         http_server.put_file(os.path.basename(url), open(url, "rb").read())
     remote = [http_server.url(os.path.basename(url)) for url in urls]
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets them
     with pytest.raises(ValueError, match=r"FastLoader on 2 ranks needs the sample count of every shard(.|\n)*"
                                          r"wdsmp index -o index.json(.|\n)*or pass exact=False"):
-        _loader(remote, rank=0, world_size=2)
-    for options in ({"world_size": 2, "exact": False}, {"world_size": 1}, {"world_size": 2, "resampled": True,
-                                                                          "epoch_batches": 2}):
-        _loader(remote, rank=0, **options).close()
+        _loader(remote)
+    for options in ({"exact": False}, {"world_size": 1, "rank": 0}, {"resampled": True, "epoch_batches": 2}):
+        _loader(remote, **options).close()
 
 
 def test_a_shard_gone_after_construction_is_named_alone(shards, tmp_path):
