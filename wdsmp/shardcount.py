@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from . import _env
 from ._atomic import atomic_write
 from .errors import ShardError
-from .gopen import gopen, local_path
+from .gopen import local_path
 from .handlers import reraise_exception
 from .native import tar_headers_class
 from .shardindex import INDEX_NAME, index_beside, read_index, shard_counts
@@ -54,6 +54,8 @@ def count_local_shard(path, url=None, handler=reraise_exception):
             if os.pread(file.fileno(), 2, 0) == GZIP_MAGIC:  # decompressed whole: no offsets to jump to
                 names.extend(member["fname"] for member in tar_file_iterator(file, url=url))
             else:
+                if hasattr(os, "posix_fadvise"):  # no readahead: a header read fetches its page, not the data
+                    os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
                 names.extend(name for name, _, _ in tar_headers_class()(file, url))
         except Exception as exn:
             handler(exn)
@@ -131,10 +133,11 @@ def count_local_shards(paths, cache_dir=None, handler=reraise_exception):
     """``{path: count}`` for the local shard files ``paths``: from the count cache (under
     ``cache_dir`` when given, else the user's cache directory, ``_env.user_cache_dir``) where
     it knows them, else counted, several at once, and kept there (``handler``: see
-    ``count_local_shard``; a damaged shard's count is not kept)."""
-    stats = {}
+    ``count_local_shard``; a damaged shard's count is not kept). Errors name the path given."""
+    given, stats = {}, {}  # by real path: a name for errors, and what the cache is keyed on
     for path in paths:
         real = os.path.realpath(path)
+        given.setdefault(real, path)
         try:
             stats[real] = os.stat(real)
         except OSError as exn:
@@ -150,7 +153,7 @@ def count_local_shards(paths, cache_dir=None, handler=reraise_exception):
                 damaged.append(handler(exn))
                 return damaged[-1]
 
-            return count_local_shard(real, real, keep_going), bool(damaged)
+            return count_local_shard(real, given[real], keep_going), bool(damaged)
 
         with ThreadPoolExecutor(min(_THREADS, len(todo)), thread_name_prefix="wdsmp-count") as pool:
             results = dict(zip(todo, pool.map(count, todo)))
