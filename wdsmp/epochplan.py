@@ -286,9 +286,9 @@ class EpochPlan:
         parts = [f"{_amount(ranges)} {what}" for ranges, what in ((dropped, "read by no rank"),
                                                                     (self.repeated, f"read twice by rank {self.rank}"))
                  if ranges]
-        return (f"epoch {self.epoch} deals out whole shards (sample counts unknown, or exact=False): "
+        return (f"epoch {self.epoch} deals out whole shards to ranks (exact=False, or sample counts unknown): "
                 f"{' and '.join(parts)}, by policy={self.policy!r}; ranks may hand out different numbers of "
-                f"batches. Give every shard's sample count (a shard index) for exact epochs")
+                f"batches. Exact epochs need every shard's sample count (a shard index) and exact=True")
 
 
 def _range_samples(ranges):

@@ -95,8 +95,8 @@ class FastLoader:
     works). Without, on more than one rank, the loader refuses, with the command that
     writes the index, unless ``exact=False``: then (and on one rank) whole shards are dealt
     out, the last batch of a worker may be short, and shards read by no rank or twice are
-    counted in ``stats`` and announced each epoch. Each sample needs an image (the first of ``image_keys``
-    present: JPEG decoded by libjpeg-turbo, ``.ppm``/``.npy`` raw pixels taken as they are,
+    counted in ``stats`` and announced each epoch. Each sample needs an image (the first of
+    ``image_keys`` present: JPEG decoded by libjpeg-turbo, ``.ppm``/``.npy`` raw pixels taken as they are,
     other formats through Pillow) and, unless ``label=None``, a label (``label``: an
     extension holding an integer, as ``.cls``, or a function ``sample -> int``).
 
@@ -238,8 +238,9 @@ class FastLoader:
         self.epoch = plan.epoch + 1
         if position.batches_done == 0:  # announced once, when the epoch starts
             self._stats.add_plan(plan.dropped, plan.repeated, plan.mode == "shards")
-            if plan.notice() is not None:
-                warnings.warn(plan.notice(), stacklevel=2)
+            notice = plan.notice()
+            if notice is not None:
+                warnings.warn(notice, stacklevel=2)
         workers = self._resources.workers
         if workers is None or workers.broken:
             workers = self._resources.start_workers(self._config, self.num_workers, self.prefetch,
