@@ -65,6 +65,20 @@ def _segments():
     return {name for name in os.listdir("/dev/shm") if mine.fullmatch(name)}
 
 
+@pytest.fixture(autouse=True, scope="session")
+def user_cache(tmp_path_factory):
+    """The user's cache directory (where local shards' sample counts are kept) is the suite's own,
+    never the home directory of whoever runs it."""
+    directory = tmp_path_factory.mktemp("xdg-cache")
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(directory)
+    yield directory
+    if before is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_segments():
     """Every test leaves /dev/shm as it found it (NOTE [ring ownership])."""

@@ -149,3 +149,9 @@ def cache_size():
 def verbose_cache():
     """``WDS_VERBOSE_CACHE=1``: say what the shard cache does, on stderr."""
     return _flag("WDS_VERBOSE_CACHE")
+
+
+def user_cache_dir():
+    """The user's cache directory for wdsmp: ``$XDG_CACHE_HOME/wdsmp``, else ``~/.cache/wdsmp``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "wdsmp")

@@ -1,9 +1,11 @@
-"""Pure-Python twin of the native tar splitter (``src/ext/_tarsplit.pyx``).
+"""Pure-Python twin of the native tar splitter (``src/ext/_tarsplit.pyx``): ``TarSplitter``, and
+``TarHeaders``, which walks a tar file's headers alone.
 
-Same class, same results, same errors; selected with ``WDSMP_PUREPYTHON=1`` or
+Same classes, same results, same errors; selected with ``WDSMP_PUREPYTHON=1`` or
 when the extension is not built. Cold paths are shared through ``tarformat``.
 """
 
+import os
 from collections import deque
 
 from . import tarformat as _tf
@@ -37,7 +39,7 @@ class TarSplitter:
         self.stream = stream
         self.url = url
         self.max_member_size = _tf.member_size_limit(max_member_size)
-        self._recent = deque()  # (name, data) of the members held for links, oldest first
+        self._recent = deque()  # (name, data, size) of the members held for links, oldest first
         self._held = 0
         self.links = []
         self.reading = None  # (name, offset) of the member whose data is being read
@@ -61,16 +63,16 @@ class TarSplitter:
         self.position += len(data)
         return data
 
-    def _remember(self, name, data):
-        """Hold a member for links (NOTE [tar links] in ``tarformat``): the last LINK_MEMBERS,
-        within LINK_WINDOW bytes, the newest always."""
+    def _remember(self, name, data, size):
+        """Hold a member of ``size`` bytes for links (NOTE [tar links] in ``tarformat``): the last
+        LINK_MEMBERS, within LINK_WINDOW bytes, the newest always."""
         recent = self._recent
         if len(recent) == _tf.LINK_MEMBERS:
-            self._held -= len(recent.popleft()[1])
-        recent.append((name, data))
-        self._held += len(data)
+            self._held -= recent.popleft()[2]
+        recent.append((name, data, size))
+        self._held += size
         while self._held > _tf.LINK_WINDOW and len(recent) > 1:
-            self._held -= len(recent.popleft()[1])
+            self._held -= recent.popleft()[2]
 
     def _take(self, size, name, hoff):
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
@@ -81,6 +83,10 @@ class TarSplitter:
         if len(pad) < padded - size:
             raise _tf.truncated_member(self.url, name, hoff, size + len(pad), padded)
         return data
+
+    def _member(self, size, name, hoff):
+        """A regular member's data (``TarHeaders`` skips it instead)."""
+        return self._take(size, name, hoff)
 
     def __next__(self):
         if self._done:
@@ -134,13 +140,13 @@ class TarSplitter:
                                            size, self.max_member_size)
             if typeflag in _tf.REGULAR_TYPES:
                 self.reading = (name, moff)
-                data = self._take(size, name, hoff)
+                data = self._member(size, name, hoff)
                 self.reading = None
                 if name.endswith("/"):  # an old-style directory entry
                     longname = longlink = pax = None
                     moff = -1
                     continue
-                self._remember(name, data)
+                self._remember(name, data, size)
                 return (name, data, moff)
             if typeflag in (_tf.HARD_LINK, _tf.SYMBOLIC_LINK):
                 if longlink is not None:
@@ -149,9 +155,9 @@ class TarSplitter:
                     target = pax["linkpath"]
                 else:
                     target = _tf.decode_name(_cstr(header[157:257]))
-                data = _tf.resolve_link(self.url, typeflag, name, target, moff, self._recent)
+                data, linked = _tf.resolve_link(self.url, typeflag, name, target, moff, self._recent)
                 self.links.append((name, target, moff))
-                self._remember(name, data)
+                self._remember(name, data, linked)
                 return (name, data, moff)
             # Errors inside extension headers name no member: the member they
             # belong to is not known yet.
@@ -176,3 +182,35 @@ class TarSplitter:
             else:
                 raise _tf.unsupported_type(self.url, name, hoff, typeflag)
         raise StopIteration
+
+
+class TarHeaders(TarSplitter):
+    """The regular-file members of an uncompressed tar file, from their headers alone: yields
+    ``(name, None, offset)`` as ``TarSplitter`` yields ``(name, data, offset)``, with the same
+    names and errors, but member data is never read: the walk jumps over it with ``pread``
+    on the file's descriptor. ``file`` is a binary file object opened on a regular file; it
+    is read from its start, and its size tells a truncated member from a whole one. A member
+    over ``max_member_size`` is refused as ``TarSplitter`` refuses it."""
+
+    def __init__(self, file, url=None, bufsize=4096, max_member_size=None):
+        super().__init__(file, url, bufsize, max_member_size)
+        self.fd = file.fileno()
+        self.size = os.fstat(self.fd).st_size
+
+    def _read(self, n):
+        parts = []
+        while n > 0:
+            chunk = os.pread(self.fd, min(n, _tf.UNTRUSTED_CHUNK), self.position)
+            if not chunk:
+                break
+            parts.append(chunk)
+            self.position += len(chunk)
+            n -= len(chunk)
+        return b"".join(parts)
+
+    def _member(self, size, name, hoff):
+        padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        if self.position + padded > self.size:
+            raise _tf.truncated_member(self.url, name, hoff, max(self.size - self.position, 0), padded)
+        self.position += padded
+        return None

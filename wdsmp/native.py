@@ -21,6 +21,7 @@ __all__ = [
     "jpeg_region_available",
     "jpeg_region_module",
     "native_available",
+    "tar_headers_class",
     "tar_splitter_class",
 ]
 
@@ -65,6 +66,16 @@ def tar_splitter_class():
         if compiled is not None:
             return compiled.TarSplitter
     return _tarsplit_py.TarSplitter
+
+
+def tar_headers_class():
+    """The ``TarHeaders`` class in use now (a tar file's members from their headers alone,
+    data skipped by offset): native, or the twin."""
+    if not _env.pure_python():
+        compiled = _compiled("_tarsplit")
+        if compiled is not None:
+            return compiled.TarHeaders
+    return _tarsplit_py.TarHeaders
 
 
 def imgops_module():

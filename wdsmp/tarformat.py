@@ -135,17 +135,18 @@ def parse_pax(data, url, offset):
 
 
 def resolve_link(url, typeflag, name, target, offset, recent):
-    """The data of link member ``name`` (``typeflag`` 1 or 2) naming ``target``, from
-    ``recent``: ``[(name, data)]`` of the members a splitter holds, oldest first (NOTE [tar
-    links]). A TarFormatError when the target is out of the archive or not held."""
+    """``(data, size)`` of link member ``name`` (``typeflag`` 1 or 2) naming ``target``, from
+    ``recent``: ``[(name, data, size)]`` of the members a splitter holds, oldest first (NOTE
+    [tar links]; ``data`` is None where only headers are read). A TarFormatError when the
+    target is out of the archive or not held."""
     kind = "hard link" if typeflag == HARD_LINK else "symbolic link"
     path = posixpath.normpath(target if typeflag == HARD_LINK else posixpath.join(posixpath.dirname(name), target))
     if typeflag == SYMBOLIC_LINK and (target.startswith("/") or path == ".." or path.startswith("../")):
         raise TarFormatError(f"{kind} to {target!r}, outside the archive: the shard does not hold its data "
                              f"(write it with tar -h, which stores the files links point to)", url, name, offset)
-    for held, data in reversed(recent):
+    for held, data, size in reversed(recent):
         if held == target or posixpath.normpath(held) == path:
-            return data
+            return data, size
     raise TarFormatError(f"{kind} to {target!r}, a member not among the last {LINK_MEMBERS} members and "
                          f"{LINK_WINDOW >> 20} MiB read (wdsmp keeps that much to resolve links): write the "
                          f"shard without links (tar --hard-dereference for hard links, tar -h for symbolic ones)",

@@ -36,6 +36,7 @@ __all__ = [
     "tar_file_iterator",
     "tar_file_expander",
     "group_by_keys",
+    "sample_count",
     "tarfile_samples",
     "tarfile_to_samples",
     "meta_prefix",
@@ -348,6 +349,40 @@ def group_by_keys(data, keys=base_plus_ext, lcase=True, suffixes=None, handler=N
             current[suffix] = member["data"]
     if valid_sample(current):
         yield current
+
+
+def sample_count(names, boundary=SHARD_END, keys=base_plus_ext):
+    """How many samples ``tarfile_samples`` makes of a local shard whose regular members are
+    named ``names``, in order, ending with ``boundary`` (``SHARD_END``, or the ``ShardFailed``
+    marker of a shard that broke there): the count that makes an epoch exact without reading
+    any member's data.
+
+    The reader's own rules, applied to the names alone: meta files skipped as
+    ``tar_file_iterator`` skips them, names split by ``keys`` (``base_plus_ext``) and
+    extensions lowercased as in ``group_by_keys``, one sample per run of members with one key.
+    A sample ``group_by_keys`` refuses (its key came back after it ended, a field twice) is not
+    counted: the reader drops it when the handler goes on (and raises by default); nor is the
+    sample a broken shard cut.
+    """
+    count, key, fields, closed, bad = 0, None, None, set(), False
+    for name in names:
+        if name.startswith("__") and re.match(_META_FILES, name):
+            continue
+        prefix, suffix = keys(name)
+        if prefix is None:
+            continue
+        if prefix != key:
+            if key is not None:
+                count += not bad
+                closed.add(key)
+            # the keys every sample of a local file has: a field by that name is a duplicate
+            key, fields, bad = prefix, {"__key__", "__url__"}, prefix in closed
+        suffix = suffix.lower()
+        bad = bad or suffix in fields
+        fields.add(suffix)
+    if key is not None and not bad and _complete({"__key__": key}, boundary, keys):
+        count += 1
+    return count
 
 
 def tarfile_samples(src, handler=reraise_exception, select_files=None, rename_files=None,

@@ -37,6 +37,7 @@ Differences from webdataset, all on purpose:
 import gzip
 import io
 import os
+import posixpath
 import sys
 import tarfile
 import time
@@ -287,8 +288,10 @@ class ShardWriter:
     its own. ``post(fname)`` is called after each shard is closed; ``opener(fname)``
     returns the binary stream to write it to (default: ``gopen(fname, "wb")``);
     other keyword arguments go to ``TarWriter``. ``shards`` lists the names written, ``counts``
-    their sample counts. ``index="path.json"`` writes a shard index (``wdsmp.shardindex``) of
-    them at ``close()``, so loaders know every count (``len()``, exact epochs).
+    their sample counts. ``index=True`` writes a shard index (``wdsmp.shardindex``) of them at
+    ``close()`` beside them, as ``index.json`` in the pattern's directory, where the loaders
+    look for it (``index="path.json"``: there instead), so loaders know every count (``len()``,
+    exact epochs), remote shards included.
 
     An exception leaving a ``with`` block (or ``abort()``) abandons the shard being
     written (see :meth:`TarWriter.abort`; the stream is abandoned as ``gopen.abandon``
@@ -322,6 +325,12 @@ class ShardWriter:
         self.fname = None
         self.shards = []
         self.counts = []
+        if index is True:
+            from .shardindex import INDEX_NAME
+
+            index = posixpath.join(posixpath.dirname(pattern), INDEX_NAME)
+        elif not (index is None or isinstance(index, str)):
+            raise ValueError(f"index must be True, a path or URL, or None, not {index!r}")
         self.index = index
         self.tarstream = None
         self._stream = None

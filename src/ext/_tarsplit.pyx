@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Native tar splitter: the regular-file members of a tar stream as ``(name, data, offset)``.
+"""Native tar splitter: the regular-file members of a tar stream as ``(name, data, offset)``;
+``TarHeaders``: the same from a tar file's headers alone, the data jumped over by offset.
 
 The pure-Python twin is ``wdsmp/_tarsplit_py.py``; both share the cold paths
 (errors, pax headers) in ``wdsmp/tarformat.py``. Reads go into one reused buffer
@@ -13,6 +14,10 @@ from cpython.memoryview cimport PyMemoryView_FromMemory
 from libc.stdlib cimport free, malloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
 from libc.string cimport memcmp, memcpy, memmove
+from libc.errno cimport EINTR, errno
+from posix.stat cimport fstat, struct_stat
+from posix.types cimport off_t
+from posix.unistd cimport pread
 
 from wdsmp import tarformat as _tf
 
@@ -342,19 +347,20 @@ cdef class TarSplitter:
             self.position += BLOCK
             if regular:
                 self.reading = (name, moff)
-                data = self._take(size, name, hoff)
+                data = self._member(size, name, hoff)
                 self.reading = None
                 if PyUnicode_GET_LENGTH(name) and PyUnicode_READ_CHAR(name, PyUnicode_GET_LENGTH(name) - 1) == 47:
                     # a name ending in "/": an old-style directory entry
                     longname = longlink = pax = None
                     moff = -1
                     continue
-                self._remember(name, data)
+                self._remember(name, data, size)
                 return (name, data, moff)
             if typeflag == c'1' or typeflag == c'2':
-                data = _tf.resolve_link(self.url, bytes([typeflag]), name, target, moff, self._held_members())
+                data, linked = _tf.resolve_link(self.url, bytes([typeflag]), name, target, moff,
+                                                self._held_members())
                 self.links.append((name, target, moff))
-                self._remember(name, data)
+                self._remember(name, data, linked)
                 return (name, data, moff)
             # Errors inside extension headers name no member: the member they
             # belong to is not known yet.
@@ -389,28 +395,88 @@ cdef class TarSplitter:
         self._oldest = (i + 1) % LINK_MEMBERS
         self._count -= 1
 
-    cdef void _remember(self, object name, bytes data):
-        """Hold a member for links: the last LINK_MEMBERS, within LINK_WINDOW bytes, the newest always."""
+    cdef void _remember(self, object name, object data, long long size):
+        """Hold a member of ``size`` bytes for links: the last LINK_MEMBERS, within LINK_WINDOW
+        bytes, the newest always (``data`` is None where only headers are read)."""
         cdef int i
         if self._count == LINK_MEMBERS:
             self._forget_oldest()
         i = (self._oldest + self._count) % LINK_MEMBERS
         self._names[i] = name
         self._datas[i] = data
-        self._sizes[i] = len(data)
+        self._sizes[i] = size
         self._held += self._sizes[i]
         self._count += 1
         while self._held > LINK_WINDOW and self._count > 1:
             self._forget_oldest()
 
     cdef list _held_members(self):
-        """``[(name, data)]`` of the members held, oldest first."""
+        """``[(name, data, size)]`` of the members held, oldest first."""
         cdef int k, i
         result = []
         for k in range(self._count):
             i = (self._oldest + k) % LINK_MEMBERS
-            result.append((self._names[i], self._datas[i]))
+            result.append((self._names[i], self._datas[i], self._sizes[i]))
         return result
+
+    cdef object _member(self, long long size, object name, long long hoff):
+        """A regular member's data (``TarHeaders`` skips it instead)."""
+        return self._take(size, name, hoff)
 
     cdef bytes _head(self, Py_ssize_t n):
         return (<char*>self.buf + self.start)[:n]
+
+
+cdef class TarHeaders(TarSplitter):
+    """The regular-file members of an uncompressed tar file, from their headers alone: yields
+    ``(name, None, offset)`` as ``TarSplitter`` yields ``(name, data, offset)``, with the same
+    names (GNU long names, pax records) and the same errors, but member data is never read:
+    the walk jumps over it with ``pread`` on the file's descriptor, so a shard costs a few
+    small reads per member whatever its size. ``file`` is a binary file object opened on a
+    regular file; it is read from its start, and its size (``fstat``) tells a truncated
+    member from a whole one.
+    """
+
+    cdef int fd
+    cdef long long size  # of the file
+    cdef long long offset  # file offset of buf[end], where the next read goes
+
+    def __init__(self, file, url=None, Py_ssize_t bufsize=4096, max_member_size=None):
+        super().__init__(file, url, bufsize, max_member_size)
+        self.fd = file.fileno()
+        cdef struct_stat info
+        if fstat(self.fd, &info) != 0:
+            raise OSError(errno, f"cannot stat the shard {url!r}")
+        self.size = info.st_size
+        self.offset = 0
+
+    cdef Py_ssize_t _readinto_mem(self, unsigned char* dest, Py_ssize_t n) except -1:
+        cdef ssize_t k
+        while True:
+            with nogil:
+                k = pread(self.fd, dest, n, self.offset)
+            if k >= 0:
+                break
+            if errno != EINTR:
+                raise OSError(errno, f"cannot read the shard {self.url!r}")
+        self.offset += k
+        return k
+
+    cdef int _skip(self, long long n, object name, long long hoff, long long got, long long padded) except -1:
+        """Jump over n bytes: the buffered ones, then the rest by offset, if the file has them."""
+        cdef Py_ssize_t buffered = self.end - self.start
+        if n <= buffered:
+            self.start += <Py_ssize_t>n
+            self.position += n
+            return 0
+        if self.position + n > self.size:
+            raise _tf.truncated_member(self.url, name, hoff, got + max(self.size - self.position, 0), padded)
+        self.position += n
+        self.offset = self.position
+        self.start = self.end = 0
+        return 0
+
+    cdef object _member(self, long long size, object name, long long hoff):
+        cdef long long padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        self._skip(padded, name, hoff, 0, padded)
+        return None

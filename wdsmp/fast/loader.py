@@ -54,12 +54,13 @@ NOTE [shutdown order]
     FastLoader unlinks rings whose owner died without closing.
 """
 
+import warnings
 import weakref
 
 from ..validation import is_int
 from ..epochplan import PlanPosition, plan_epoch, streams_of_workers
 from ..handlers import reraise_exception
-from ..shardindex import shard_counts
+from ..shardcount import known_counts
 from . import pool as _pool
 from .batches import Batch, SlotTensors
 from .bottleneck import shard_source
@@ -87,11 +88,16 @@ class FastLoader:
 
     Data: ``urls`` is a shard spec (``"train-{0000..0146}.tar"``, any gopen URL), a list of
     URLs or ``(url, sample_count)`` pairs, or the path or URL of a shard index (``.json``,
-    see ``wdsmp.shardindex``); ``index=`` adds counts from an index to given URLs. With every
-    count known, epochs are exact (every sample once across ranks and workers, the same full
-    batches on every rank, ``len()`` works); without, shards are the unit and the last batch
-    of a worker may be short. Each sample needs an image (the first of ``image_keys``
-    present: JPEG decoded by libjpeg-turbo, ``.ppm``/``.npy`` raw pixels taken as they are,
+    see ``wdsmp.shardindex``); ``index=`` adds counts from an index to given URLs. Local
+    shards without counts count themselves (their tar headers, kept in a cache under
+    ``cache_dir`` or the user's cache directory); remote ones take theirs from the index
+    beside them (``index.json``), if any. With every count known, epochs are exact (every
+    sample once across ranks and workers, the same full batches on every rank, ``len()``
+    works). Without, on more than one rank, the loader refuses, with the command that
+    writes the index, unless ``exact=False``: then (and on one rank) whole shards are dealt
+    out, the last batch of a worker may be short, and shards read by no rank or twice are
+    counted in ``stats`` and announced each epoch. Each sample needs an image (the first of
+    ``image_keys`` present: JPEG decoded by libjpeg-turbo, ``.ppm``/``.npy`` raw pixels taken as they are,
     other formats through Pillow) and, unless ``label=None``, a label (``label``: an
     extension holding an integer, as ``.cls``, or a function ``sample -> int``).
 
@@ -146,7 +152,7 @@ class FastLoader:
                  rank=None, world_size=None, policy="drop", resampled=False, epoch_batches=None,
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5, resize_ratio=0.875, dct_scaling=True,
                  channels_first=False, copy=False, prefetch=2, timeout=None, start_method="forkserver",
-                 progress=False, cache_dir=None, max_image_pixels=None):
+                 progress=False, cache_dir=None, max_image_pixels=None, exact=True):
         if _pool.starting_a_worker():  # NOTE [main module] in pool.py
             raise RuntimeError("a FastLoader was made while a worker process was starting and importing the main "
                                "script: a function given to the loader is defined in that script, so workers "
@@ -167,7 +173,16 @@ class FastLoader:
         self.policy, self.resampled, self.epoch_batches = options.policy, options.resampled, options.epoch_batches
         self.copy, self.channels_first, self.timeout = options.copy, options.channels_first, options.timeout
         self.progress = options.progress  # seconds between reports on stderr, or None
-        self.shards = shard_counts(urls, index)
+        if not isinstance(exact, bool):
+            raise ValueError(f"exact must be True or False, not {exact!r}")
+        self.exact = exact
+        # Unknown counts leave ranks unequal (a resampled epoch is a number of batches; one rank is alone).
+        required = exact and not self.resampled and self.world_size > 1
+        self.shards = known_counts(
+            urls, index, cache_dir=options.cache_dir, handler=options.handler,
+            required_by=f"FastLoader on {self.world_size} ranks" if required else None,
+            otherwise="pass exact=False for epochs of whole shards per rank (which may then hand out "
+                      "different numbers of batches)")
         layout, extra = _layout(options)
         mp_context = _pool.context(start_method)  # a bad start method fails here, not at the first batch
         self.plan(0)  # bad plan arguments (rank, policy, too few samples) fail here too
@@ -201,7 +216,8 @@ class FastLoader:
             streams = len(position.worker_batches)
         return plan_epoch(self.shards, position, batch_size=self.batch_size, seed=self.seed, rank=self.rank,
                           world_size=self.world_size, num_streams=streams, policy=self.policy,
-                          shuffle=self.shuffle, resampled=self.resampled, epoch_batches=self.epoch_batches)
+                          shuffle=self.shuffle, resampled=self.resampled, epoch_batches=self.epoch_batches,
+                          exact=self.exact)
 
     def set_epoch(self, epoch):
         """Make the next ``iter()`` run epoch ``epoch`` (as DistributedSampler.set_epoch)."""
@@ -215,8 +231,9 @@ class FastLoader:
         """Batches per epoch on this rank; TypeError when sample counts are unknown."""
         batches = self.plan(PlanPosition(self.epoch)).batches_per_rank
         if batches is None:
-            raise TypeError("len() of a FastLoader needs every shard's sample count: pass (url, count) "
-                            "pairs or a shard index (index=..., see wdsmp.shardindex)")
+            raise TypeError("len() of a FastLoader needs exact epochs: every shard's sample count (local shards "
+                            "count themselves; pass (url, count) pairs or a shard index, index=..., for remote "
+                            "ones) and exact=True")
         return batches
 
     def __iter__(self):
@@ -228,6 +245,11 @@ class FastLoader:
         self._resume = None
         plan = self.plan(position)
         self.epoch = plan.epoch + 1
+        if position.batches_done == 0:  # announced once, when the epoch starts
+            self._stats.add_plan(plan.dropped, plan.repeated, plan.mode == "shards")
+            notice = plan.notice()
+            if notice is not None:
+                warnings.warn(notice, stacklevel=2)
         workers = self._resources.workers
         if workers is None or workers.broken:
             workers = self._resources.start_workers(self._config, self.num_workers, self.prefetch,
@@ -279,7 +301,10 @@ class FastLoader:
     def stats(self):
         """Where the time went since the loader was made, as plain data (NOTE [stage times] in
         ``stats.py``): ``batches``, ``samples``, ``skipped`` (bad samples the handler let pass),
-        ``padded`` (rows repeated to keep batches full); ``images_per_s`` over ``elapsed_s``
+        ``padded`` (rows repeated to keep batches full), ``dropped`` and ``repeated`` (samples the
+        epochs left to no rank, or gave this rank twice, where counts are known) and
+        ``dropped_shards`` and ``repeated_shards`` (the same in whole shards, in epochs of whole
+        shards); ``images_per_s`` over ``elapsed_s``
         (from the first batch handed out to the last), ``startup_s`` (construction to the first
         batch) and ``images_per_s_with_startup`` (``interval`` says so too); in the main process
         ``wait_s`` (waiting for workers), ``training_s`` (the training loop holding batches),

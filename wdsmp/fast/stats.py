@@ -119,7 +119,8 @@ def _rate(count, ns):
 class LoaderStats:
     """The loader's figures (NOTE [stage times]): counted as batches are handed out, with a
     line on stderr every ``report_every`` seconds (None: no reports). ``source`` describes
-    where the shards are (``bottleneck.shard_source``), ``cache_dir`` the loader's."""
+    where the shards are (``bottleneck.shard_source``), ``cache_dir`` the loader's. What the
+    epochs' plans left out or read twice is counted too (``add_plan``)."""
 
     def __init__(self, report_every=None, *, num_workers=1, source="local files", cache_dir=None):
         self.report_every = report_every
@@ -132,6 +133,7 @@ class LoaderStats:
         self.startup_wait_ns = 0  # the wait for the first batch
         self.handed_at = None  # when the batch the training loop holds now was handed out
         self.reported = self.reported_at = None  # ``totals`` and the time at the last report (or the first batch)
+        self.dropped = self.dropped_shards = self.repeated = self.repeated_shards = 0
 
     def start(self):
         """An epoch begins (``iter()``): the time since the last one ended is nobody's."""
@@ -209,6 +211,16 @@ class LoaderStats:
         return diagnose(dict(figures, batches=totals.batches), num_workers=self.num_workers, source=self.source,
                         cache_dir=self.cache_dir)
 
+    def add_plan(self, dropped, repeated, whole_shards):
+        """An epoch's plan: ``dropped``, the ``ShardRange``s no rank reads, and ``repeated``, those
+        this rank reads twice (policy "pad"); samples counted where known, shards where the
+        plan deals out ``whole_shards``."""
+        self.dropped += sum(r.count for r in dropped if r.count is not None)
+        self.repeated += sum(r.count for r in repeated if r.count is not None)
+        if whole_shards:
+            self.dropped_shards += len(dropped)
+            self.repeated_shards += len(repeated)
+
     def snapshot(self, epoch):
         """The figures since the loader was made, as plain data (see ``FastLoader.stats``)."""
         totals = self.totals
@@ -218,7 +230,8 @@ class LoaderStats:
         figures = self._figures(totals, busy)
         return dict(
             {"epoch": epoch, "batches": totals.batches, "samples": totals.samples, "skipped": totals.skipped,
-             "padded": totals.padded, "startup_s": startup / 1e9, "elapsed_s": elapsed / 1e9,
+             "padded": totals.padded, "dropped": self.dropped, "dropped_shards": self.dropped_shards,
+             "repeated": self.repeated, "repeated_shards": self.repeated_shards, "startup_s": startup / 1e9, "elapsed_s": elapsed / 1e9,
              "images_per_s": _rate(totals.samples - self.first_samples, elapsed),
              "images_per_s_with_startup": _rate(totals.samples, elapsed + startup),
              "interval": "elapsed_s, images_per_s, workers_busy and the times in the main process run from the "

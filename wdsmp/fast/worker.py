@@ -106,8 +106,11 @@ def worker_main(worker, config, tasks, free, ready, stop):
         return
     except BaseException as exn:
         # The error's own place first: with a shuffle buffer the last sample read is another one.
+        # The member read last only where it is in the error's shard (not a shard that failed to open).
         shard = getattr(exn, "url", None) or where.url
-        member = getattr(exn, "member", None) or where.member
+        member = getattr(exn, "member", None)
+        if member is None and shard == where.url:
+            member = where.member
         ready.put(WorkerFailed.from_exception(worker, exn, shard, member))
     finally:
         ring.close()
@@ -210,7 +213,7 @@ class _Stream:
 
     def _read(self, ranges):
         clock = self.clock
-        samples = read_ranges(ranges, self._handle, self.config.cache_dir, clock.reads)
+        samples = read_ranges(self._entered(ranges), self._handle, self.config.cache_dir, clock.reads)
         while True:
             start = perf_counter_ns()
             sample = next(samples, None)
@@ -219,6 +222,12 @@ class _Stream:
                 return
             self.where.url, self.where.member = sample.get("__url__"), sample.get("__key__")
             yield sample
+
+    def _entered(self, ranges):
+        """``ranges``, noting each shard in ``where`` as its reading starts (no member read yet)."""
+        for shard in ranges:
+            self.where.url, self.where.member = shard.url, None
+            yield shard
 
     def run(self):
         """Fill and announce this stream's batches, pausing after each (``self.index`` is the next
