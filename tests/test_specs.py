@@ -256,3 +256,11 @@ def test_a_remote_spec_in_secure_mode_reads_neither_the_environment_nor_local_fi
     assert "private-0" not in str(info.value)
     program = load_spec({"dataset": [{"shards": "http://data.example/d-${TOKEN}.tar"}]})
     assert program.collections[0].urls == ("http://data.example/d-s3cr3t.tar",)  # the program's own spec
+
+
+def test_a_spec_url_with_a_query_string_is_a_spec(http_server, tmp_path):
+    """A presigned URL (``spec.yaml?X-Amz-Signature=...``) names a spec as its path does."""
+    _write(tmp_path, "s.tar", 3)
+    url = http_server.put_file("spec.yaml", f"dataset:\n  - shards: {tmp_path}/s.tar\n".encode())
+    samples = list(wds.WebDataset(url + "?X-Amz-Signature=abc", shardshuffle=False))
+    assert [s["__key__"] for s in samples] == ["0000", "0001", "0002"]

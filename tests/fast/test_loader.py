@@ -427,6 +427,17 @@ def test_resume_with_another_worker_count_gives_exactly_the_rest(shards, num_wor
     assert len(rest_sizes) == len(sizes) - 7
 
 
+def test_a_state_of_whole_shard_epochs_is_refused_by_an_exact_loader(shards):
+    _, index, _ = shards
+    with _loader(index, exact=False) as loader:
+        state = loader.state_dict()
+    with _loader(index) as loader:
+        with pytest.raises(ValueError, match="state was saved with exact=False, this loader has True"):
+            loader.load_state_dict(state)
+        del state["exact"]  # a state saved before the setting existed is taken as it is
+        loader.load_state_dict(state)
+
+
 def test_resampled_epochs_have_the_asked_length(shards):
     _, index, labels = shards
     with _loader(index, keys=True, resampled=True, epoch_batches=7) as loader:

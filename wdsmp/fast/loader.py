@@ -280,11 +280,13 @@ class FastLoader:
         return {"epoch": epoch, "batches_done": sum(delivered), "worker_batches": list(delivered),
                 "worker_consumed": None if consumed is None else list(consumed),
                 "batch_size": self.batch_size, "seed": self.seed, "rank": self.rank,
-                "world_size": self.world_size}
+                "world_size": self.world_size, "exact": self.exact}
 
     def load_state_dict(self, state):
         """Make the next ``iter()`` continue where ``state`` (from ``state_dict``) stood."""
-        for name in ("batch_size", "seed", "rank", "world_size"):
+        for name in ("batch_size", "seed", "rank", "world_size", "exact"):
+            if name == "exact" and name not in state:
+                continue  # saved before whole-shard epochs were a setting of their own
             if state.get(name) != getattr(self, name):
                 raise ValueError(f"state was saved with {name}={state.get(name)!r}, this loader has "
                                  f"{getattr(self, name)!r}: resuming exactly needs the same settings")
