@@ -343,7 +343,7 @@ def test_eviction_removes_only_what_the_cache_wrote(tmp_path, log):
 
 def test_a_cache_file_cut_short_is_fetched_again_once_with_a_warning(tmp_path, shard, log):
     """A loader checks a cache file's first block, which a copy cut short passes; its size,
-    recorded when it was cached, tells (webdataset and wdsmp before failed on every read)."""
+    recorded when it was cached, tells (read as it is, it would fail at the cut on every pass)."""
     cache = tmp_path / "cache"
     url = logged(shard, log)
     expected = list(cached_tarfile_samples([url], cache_dir=str(cache)))
