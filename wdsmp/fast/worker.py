@@ -350,7 +350,8 @@ def _label(sample, source, url, key):
 
 
 def _field_value(sample, ext, spec, url, key):
-    """The array of extension ``ext``: ``.npy`` bytes, or text numbers (``"1 2 3"``)."""
+    """The array of extension ``ext``: ``.npy`` bytes, or text numbers (``"1 2 3"``; words for a
+    bytes dtype)."""
     if ext not in sample:
         raise SampleError(f"no field {ext!r} in the sample; it has {_fields(sample)}", url, key)
     value = sample[ext]
@@ -360,7 +361,8 @@ def _field_value(sample, ext, spec, url, key):
     if data.startswith(b"\x93NUMPY"):
         return np.load(io.BytesIO(data), allow_pickle=False)
     try:
-        return numbers_from_text(data).reshape(spec.shape)
+        words = np.array(data.split()) if np.dtype(spec.dtype).kind == "S" else numbers_from_text(data)
+        return words.reshape(spec.shape)
     except ValueError as exn:
         raise SampleError(f"field {ext!r} is neither .npy data nor numbers of shape {spec.shape} ({exn})",
                           url, key) from exn
