@@ -183,6 +183,10 @@ def test_remote_options_validated():
         RemoteOptions(retries=-1)
     with pytest.raises(ValueError, match="must be > 0"):
         RemoteOptions(read_timeout=0)
+    with pytest.raises(ValueError, match="rate_window must be > 0"):
+        RemoteOptions(rate_window=0)
+    with pytest.raises(ValueError, match="min_rate must be a number >= 0"):
+        RemoteOptions(min_rate=-1)
     assert RemoteOptions.from_kw(dict(retries=1, ignore_status=[3])) == RemoteOptions(retries=1)
 
 

@@ -55,7 +55,7 @@ def numbers_from_text(data):
 def fitted(value, dtype):
     """``value`` as an array of ``dtype`` (or an int that fits it) holding the same numbers (see
     the module docstring); ValueError naming the first element that does not fit."""
-    dtype = np.dtype(dtype)
+    dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
     if type(value) in (int, float) and dtype.kind in "iu":  # a label, most often: no array needed
         low, high = _bounds(dtype)
         if low <= value <= high and (type(value) is int or value.is_integer()):

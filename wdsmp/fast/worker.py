@@ -42,6 +42,7 @@ from .values import fitted, integer_from_text, numbers_from_text
 __all__ = ["DecodeOptions", "WorkerConfig", "worker_main"]
 
 IMAGES, LABELS, KEYS = "images", "labels", "__key__"
+_LABEL = np.dtype(np.int64)
 _POLL = 0.2  # seconds between checks of the stop event while waiting
 _END = object()  # the end of a stream's samples (None is a value a stage may yield, wrongly)
 
@@ -341,10 +342,10 @@ def _label(sample, source, url, key):
     try:
         if isinstance(value, (bytes, bytearray, memoryview)):
             value = integer_from_text(value)
-        label = fitted(value, np.int64)
+        label = fitted(value, _LABEL)
     except ValueError as exn:
         raise SampleError(f"{what} {exn}", url, key) from exn
-    if np.ndim(label):
+    if type(label) is not int and np.ndim(label):
         raise SampleError(f"{what} an array of shape {np.shape(label)}, not one integer", url, key)
     return label
 
