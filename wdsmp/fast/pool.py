@@ -119,12 +119,12 @@ def start_server(ctx):
 
 
 @contextlib.contextmanager
-def named_semaphores(directory=_SEM_DIR):
+def named_semaphores():
     """Semaphores made inside (queues, events) named after this process and its held lock
     (NOTE [semaphore names]); multiprocessing names them from its process's ``semprefix``."""
     config = _process_config()
     before = config.get("semprefix", "/mp")
-    config["semprefix"] = f"/{SEM_PREFIX}{_owner_key(directory)}"
+    config["semprefix"] = f"/{SEM_PREFIX}{_owner_key(_SEM_DIR)}"
     try:
         yield
     finally:
@@ -141,7 +141,10 @@ def _owner_key(directory):
     while True:
         key = f"{pid}-{secrets.token_hex(4)}"
         path = os.path.join(directory, f"{SEM_PREFIX}{key}.lock")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue  # a token drawn twice
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             here, mine = os.stat(path), os.fstat(fd)
