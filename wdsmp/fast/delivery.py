@@ -22,6 +22,7 @@ NOTE [stalled workers]
 """
 
 import time
+import weakref
 from queue import Empty
 
 from ..errors import WorkerError
@@ -39,7 +40,10 @@ class DeliveryState:
     still know that the epoch was left unfinished (``abandon``) and where it stood (``state_dict``)."""
 
     def __init__(self, plan, workers):
-        self.epoch, self.workers = plan.epoch, workers
+        self.epoch = plan.epoch
+        # Weak: the loader keeps this state after close(), and the workers' queues (named
+        # semaphores in /dev/shm) should go with the loader's own reference.
+        self.workers = weakref.ref(workers)
         # Per stream of the plan (NOTE [plan: exactly once, equal batches]):
         self.delivered = [stream.skip_batches for stream in plan.streams]  # taken off the queue
         self.handed = list(self.delivered)  # given to the user (``.cuda()`` takes some ahead)
@@ -58,7 +62,9 @@ class DeliveryState:
         """End the epoch before its end: its workers stop, and the next epoch starts new ones."""
         if not self.finished:
             self.finished = True
-            self.workers.shutdown()
+            workers = self.workers()
+            if workers is not None:  # else shut down and gone already
+                workers.shutdown()
 
 
 class EpochIterator:

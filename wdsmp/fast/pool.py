@@ -36,7 +36,8 @@ NOTE [semaphore names]
     can take that lock itself or the file is gone. flock works across PID
     namespaces on one file system. The lock is taken before any semaphore
     exists, and checked to be still the file at its path (a sweep may remove
-    a lock file made but not yet locked: a new token is tried then).
+    a lock file made but not yet locked: a new token is tried then). A clean
+    exit removes the lock file when none of the semaphores is left.
 
 NOTE [CPython internals]
     multiprocessing offers no public way to read the fork server's preload
@@ -57,6 +58,7 @@ NOTE [CPython internals]
     tests/fast/test_pool.py checks all three against the running Python.
 """
 
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -150,10 +152,23 @@ def _owner_key(directory):
             here, mine = os.stat(path), os.fstat(fd)
             if (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev):
                 _owner = (pid, key, fd)
+                atexit.register(_leave, directory, pid, key)
                 return key
         except (BlockingIOError, FileNotFoundError):
             pass  # a sweep took it for a dead owner's between its creation and the lock
         os.close(fd)
+
+
+def _leave(directory, pid, key):
+    """At a clean exit, remove this process's lock file if none of its semaphores is left (else
+    the next sweep removes it, once this process is gone and its lock free)."""
+    if os.getpid() != pid:
+        return
+    try:
+        if not any(name.startswith(f"sem.{SEM_PREFIX}{key}-") for name in os.listdir(directory)):
+            os.unlink(os.path.join(directory, f"{SEM_PREFIX}{key}.lock"))
+    except OSError:
+        pass  # the sweep will
 
 
 def _lock_of_a_dead_owner(directory, key):
