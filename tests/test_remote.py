@@ -128,6 +128,32 @@ def test_http_fault_forever(http_server, fault, kw, message):
     assert len(http_server.requests("f.bin")) == 3
 
 
+def test_http_trickle_fails_naming_the_url_and_the_rate(http_server):
+    """One byte every 0.2 s resets every read timeout; the minimum rate ends it."""
+    url = http_server.put_file("t.bin", DATA)
+    http_server.fault("t.bin", "trickle", times=None, seconds=0.2)
+    started = time.monotonic()
+    with pytest.raises(ShardError, match=r"GET too slow: \d+ bytes in 1\.\d s of waiting \([\d.]+ bytes/s\), less "
+                                         r"than min_rate=100 bytes/s over rate_window=1 s at byte \d+ of 1049344; "
+                                         r"gave up after 1 retries") as info:
+        with gopen(url, retries=1, read_timeout=2, min_rate=100, rate_window=1, **FAST) as stream:
+            read_all(stream)
+    assert info.value.url == url and url in str(info.value)
+    assert len(http_server.requests("t.bin")) == 2 and time.monotonic() - started < 30
+
+
+def test_http_slow_consumer_is_not_a_slow_server(http_server):
+    """Only time spent waiting in reads counts: a reader that pauses between reads is served."""
+    url = http_server.put_file("f.bin", DATA)
+    with gopen(url, retries=0, min_rate=1000, rate_window=1, **FAST) as stream:
+        chunks = []
+        for _ in range(3):  # 300 bytes in 2.4 s, but the server sends all it is asked for at once
+            chunks.append(stream.raw.read(100))
+            time.sleep(1.2)
+        chunks.append(read_all(stream))
+    assert b"".join(chunks) == DATA and len(http_server.requests("f.bin")) == 1
+
+
 def _closed_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -179,6 +205,10 @@ def test_remote_options_validated():
         RemoteOptions(retries=-1)
     with pytest.raises(ValueError, match="must be > 0"):
         RemoteOptions(read_timeout=0)
+    with pytest.raises(ValueError, match="rate_window must be > 0"):
+        RemoteOptions(rate_window=0)
+    with pytest.raises(ValueError, match="min_rate must be a number >= 0"):
+        RemoteOptions(min_rate=-1)
     assert RemoteOptions.from_kw(dict(retries=1, ignore_status=[3])) == RemoteOptions(retries=1)
 
 
@@ -387,7 +417,7 @@ def test_rewrite_errors_name_both_urls(http_server, tmp_path, monkeypatch):
                                          r"http://127.0.0.1:\d+/m/b/missing.tar"):
         gopen("gs://b/missing.tar")
     http_server.put_file("m/b/f.bin", DATA)
-    http_server.fault("m/b/f.bin", "reset", after=1000, times=None)
+    http_server.fault("m/b/f.bin", "reset", times=None)
     with pytest.raises(ShardError, match=r"gave up.*/m/b/f.bin \(from gs://b/f.bin\)"):
         with gopen("gs://b/f.bin", retries=1, **FAST) as stream:
             read_all(stream)

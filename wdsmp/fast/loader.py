@@ -29,7 +29,8 @@ NOTE [loader protocol]
       worker then runs several streams, making their batches in this order.
     * Waiting: every wait has a short timeout after which the workers'
       liveness is checked: a worker that died is reported within a second,
-      naming its exit code or signal.
+      naming its exit code or signal, and the awaited worker's signs of life
+      are sampled (NOTE [stalled workers] in ``delivery.py``).
     * Workers persist across epochs. An epoch left unfinished (``break``,
       an error, a new ``iter()``) restarts them: their slots and queues are
       in an unknown state, and restarting is cheap (forked from the fork server).
@@ -99,7 +100,10 @@ class FastLoader:
     counted in ``stats`` and announced each epoch. Each sample needs an image (the first of
     ``image_keys`` present: JPEG decoded by libjpeg-turbo, ``.ppm``/``.npy`` raw pixels taken as they are,
     other formats through Pillow) and, unless ``label=None``, a label (``label``: an
-    extension holding an integer, as ``.cls``, or a function ``sample -> int``).
+    extension holding an integer, as ``.cls``, or a function ``sample -> int``). Labels and
+    fields are never cast: a label must be an integer (``.cls`` text: ASCII digits, an
+    optional sign), a field's values must fit its dtype as they are (no 300 in a uint8, no
+    3.7 in an int), else the sample is an error (``values.py``).
 
     Images: ``train=True`` draws RandomResizedCrop(``scale``, ``ratio``) boxes and flips with
     probability ``flip``; ``train=False`` resizes the short side to ``image_size /
@@ -141,7 +145,12 @@ class FastLoader:
 
     Errors: by default a bad sample stops the epoch with a ``WorkerError`` naming the
     worker, shard and member; ``handler=wdsmp.warn_and_continue`` skips bad samples instead
-    (counted in ``stats``; NOTE [full batches] in ``worker.py``). Batches are views of shared
+    (counted in ``stats``; NOTE [full batches] in ``worker.py``); a stage that yields anything
+    but a sample dict (None) is such an error too. A shard whose sample count differs from the
+    index's is read as planned, with a warning (NOTE [stale counts] in ``ranges.py``). A worker
+    that shows no sign of life for ``stall_timeout`` seconds (120; stopped, stuck in a read,
+    deadlocked) is killed and reported (NOTE [stalled workers] in ``delivery.py``); ``timeout``
+    bounds the wait for any one batch (none by default). Batches are views of shared
     memory valid until the next ``next()`` (NOTE [batch lifetime]; ``copy=True`` to keep
     them). ``close()``, ``with`` or garbage collection stop the workers and free the memory.
     """
@@ -151,8 +160,8 @@ class FastLoader:
                  stages=(), handler=reraise_exception, shuffle=None, shuffle_buffer=None,
                  rank=None, world_size=None, policy="drop", resampled=False, epoch_batches=None,
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5, resize_ratio=0.875, dct_scaling=True,
-                 channels_first=False, copy=False, prefetch=2, timeout=None, start_method="forkserver",
-                 progress=False, cache_dir=None, max_image_pixels=None, exact=True):
+                 channels_first=False, copy=False, prefetch=2, timeout=None, stall_timeout=120.0,
+                 start_method="forkserver", progress=False, cache_dir=None, max_image_pixels=None, exact=True):
         if _pool.starting_a_worker():  # NOTE [main module] in pool.py
             raise RuntimeError("a FastLoader was made while a worker process was starting and importing the main "
                                "script: a function given to the loader is defined in that script, so workers "
@@ -164,8 +173,8 @@ class FastLoader:
             image_size=image_size, seed=seed, label=label, image_keys=image_keys, keys=keys, key_length=key_length,
             fields=fields, stages=stages, handler=handler, shuffle=shuffle, shuffle_buffer=shuffle_buffer, rank=rank,
             world_size=world_size, policy=policy, resampled=resampled, epoch_batches=epoch_batches,
-            channels_first=channels_first, copy=copy, prefetch=prefetch, timeout=timeout, start_method=start_method,
-            progress=progress, cache_dir=cache_dir)
+            channels_first=channels_first, copy=copy, prefetch=prefetch, timeout=timeout,
+            stall_timeout=stall_timeout, start_method=start_method, progress=progress, cache_dir=cache_dir)
         self._options = options
         self.batch_size, self.num_workers, self.prefetch = options.batch_size, options.num_workers, options.prefetch
         self.image_size, self.train, self.seed = options.image_size, options.train, options.seed
@@ -192,7 +201,8 @@ class FastLoader:
         self._config = WorkerConfig(
             ring=self._ring.name, layout=layout, image_keys=options.image_keys, label=options.label, fields=extra,
             keys=options.keys, stages=options.stages, handler=options.handler, decode=options.decode,
-            shuffle_buffer=options.shuffle_buffer, cache_dir=options.cache_dir)
+            shuffle_buffer=options.shuffle_buffer, cache_dir=options.cache_dir,
+            counts=tuple(count for _, count in self.shards))
         _pool.start_server(mp_context)
         self._resources = LoaderResources(self._ring)
         self._finalizer = weakref.finalize(self, self._resources.close)
@@ -259,7 +269,7 @@ class FastLoader:
             workers.tasks[w].put(tuple(plan.streams[s] for s in mine))
         self._stats.start()
         iterator = EpochIterator(workers, plan, streams, resources=self._resources, slots=self._slots,
-                                 stats=self._stats, timeout=self.timeout)
+                                 stats=self._stats, timeout=self.timeout, stall_timeout=self._options.stall_timeout)
         self._delivery = iterator.state
         return iterator
 

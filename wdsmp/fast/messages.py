@@ -1,8 +1,8 @@
 """What travels on the loader's queues: small frozen dataclasses, never pixels.
 
 Pixels stay in the ring; a queue carries a slot index inside ``BatchReady``,
-a worker's end of epoch, a failure as data (type, message, traceback text,
-where), or ``Stop``. They are plain data, so they pickle small and the same
+the shard a worker starts reading, a worker's end of epoch, a failure as data
+(type, message, traceback text, where), or ``Stop``. They are plain data, so they pickle small and the same
 under spawn and forkserver.
 """
 
@@ -12,7 +12,7 @@ from typing import Optional, Tuple
 
 from ..errors import WorkerError
 
-__all__ = ["BatchReady", "Stop", "WorkerDone", "WorkerFailed", "WorkerWarning"]
+__all__ = ["BatchReady", "Reading", "Stop", "WorkerDone", "WorkerFailed", "WorkerWarning"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,14 @@ class BatchReady:
     consumed: int = 0
     stream: int = 0
     times: Tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Worker ``worker`` starts reading shard ``shard``: where it is, should it stall there."""
+
+    worker: int
+    shard: str
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,7 @@ class LoaderOptions:
     copy: bool = False
     prefetch: int = 2
     timeout: Optional[float] = None
+    stall_timeout: Optional[float] = 120.0
     start_method: str = "forkserver"
     progress: Union[bool, float, None] = False
     cache_dir: Optional[str] = None
@@ -169,8 +170,10 @@ class LoaderOptions:
         _set(self, "resampled", bool(self.resampled))
         _set(self, "channels_first", bool(self.channels_first))
         _set(self, "copy", bool(self.copy))
-        if self.timeout is not None and not self.timeout > 0:
-            raise ValueError(f"timeout must be None or a positive number of seconds, not {self.timeout!r}")
+        for name in ("timeout", "stall_timeout"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+                raise ValueError(f"{name} must be None or a positive number of seconds, not {value!r}")
         progress = self.progress
         if isinstance(progress, bool) or progress is None:
             progress = 10.0 if progress else None

@@ -19,10 +19,8 @@ NOTE [full batches]
 """
 
 import io
-import os
 import random
 import signal
-import threading
 import warnings
 from dataclasses import dataclass
 from itertools import islice
@@ -33,18 +31,22 @@ from typing import Callable, Optional, Tuple, Union
 import numpy as np
 
 from ..errors import SampleError, WdsmpError
+from ..liveness import exit_with_parent
 from ..ranges import buffer_shuffled, read_ranges
 from ..utils import make_seed
 from .imagedecode import decode_with_options
-from .messages import BatchReady, Stop, WorkerDone, WorkerFailed, WorkerWarning
+from .messages import BatchReady, Reading, Stop, WorkerDone, WorkerFailed, WorkerWarning
 from .options import DecodeOptions
 from .ring import Ring
 from .stats import WorkerClock
+from .values import fitted, integer_from_text, numbers_from_text
 
 __all__ = ["DecodeOptions", "WorkerConfig", "worker_main"]
 
 IMAGES, LABELS, KEYS = "images", "labels", "__key__"
+_LABEL = np.dtype(np.int64)
 _POLL = 0.2  # seconds between checks of the stop event while waiting
+_END = object()  # the end of a stream's samples (None is a value a stage may yield, wrongly)
 
 
 @dataclass(frozen=True)
@@ -55,9 +57,12 @@ class WorkerConfig:
     function ``sample -> int``, or None. ``fields``: ``(name, source)`` pairs
     of extra fixed-shape fields, the shapes and dtypes in ``layout``; a source
     is an extension (``.npy`` bytes or text numbers) or a function
-    ``sample -> array``. ``stages``: iterator -> iterator functions run on the
-    sample dicts before the native step, as in ``DataPipeline``. ``cache_dir``:
-    shards are read through the shard cache there.
+    ``sample -> array``. Labels and fields are written only when their dtype
+    holds them unchanged (``values.py``). ``stages``: iterator -> iterator
+    functions run on the sample dicts before the native step, as in
+    ``DataPipeline``. ``cache_dir``: shards are read through the shard cache
+    there. ``counts``: the sample count of each shard (by number) the plan was
+    made from, checked as the shards are read (NOTE [stale counts] in ``ranges.py``).
     """
 
     ring: str
@@ -71,6 +76,7 @@ class WorkerConfig:
     decode: DecodeOptions
     shuffle_buffer: int
     cache_dir: Optional[str] = None
+    counts: Tuple[Optional[int], ...] = ()
 
 
 class _Stopped(Exception):
@@ -82,7 +88,7 @@ def worker_main(worker, config, tasks, free, ready, stop):
     slots taken from ``free``, announce them on ``ready``; until ``Stop``, the ``stop`` event,
     or the loader's death."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
-    threading.Thread(target=_watch_parent, daemon=True, name="wdsmp-parent-watch").start()
+    exit_with_parent()
 
     def forward(message, category, *_):
         ready.put(WorkerWarning.from_warning(worker, message, category))
@@ -129,19 +135,6 @@ def _run_streams(streams, ready):
         except StopIteration as done:
             ready.put(done.value)
             runs.remove((stream, run))
-
-
-def _watch_parent():
-    """Exit when the loader's process is gone, wherever the worker is blocked: the parent's
-    sentinel (a pipe only the parent holds open, under spawn and forkserver alike) becomes
-    readable when it dies."""
-    import multiprocessing
-    from multiprocessing.connection import wait
-
-    parent = multiprocessing.parent_process()
-    if parent is not None:
-        wait([parent.sentinel])
-        os._exit(3)
 
 
 def _wait(queue, stop):
@@ -213,7 +206,8 @@ class _Stream:
 
     def _read(self, ranges):
         clock = self.clock
-        samples = read_ranges(self._entered(ranges), self._handle, self.config.cache_dir, clock.reads)
+        counts = self.config.counts or None
+        samples = read_ranges(self._entered(ranges), self._handle, self.config.cache_dir, clock.reads, counts)
         while True:
             start = perf_counter_ns()
             sample = next(samples, None)
@@ -224,9 +218,11 @@ class _Stream:
             yield sample
 
     def _entered(self, ranges):
-        """``ranges``, noting each shard in ``where`` as its reading starts (no member read yet)."""
+        """``ranges``, noting each shard in ``where`` as its reading starts (no member read yet) and
+        announcing it to the loader before it is opened (``Reading``)."""
         for shard in ranges:
             self.where.url, self.where.member = shard.url, None
+            self.ready.put(Reading(self.worker, shard.url))
             yield shard
 
     def run(self):
@@ -238,9 +234,8 @@ class _Stream:
         while plan.num_batches is None or self.index < plan.num_batches:
             try:
                 start = perf_counter_ns()
-                sample = next(source, None)
+                sample = next(source, _END)
                 clock.source_ns += perf_counter_ns() - start
-                self.taken += sample is not None
             except Exception as exn:
                 # Stages are generators: one that raised has ended, and the rest of this stream with it.
                 if self._handle(exn):
@@ -248,12 +243,14 @@ class _Stream:
                                   f"{plan.stream} of epoch {plan.epoch} in worker {self.worker} is lost (after {self.samples} "
                                   f"samples): a stage must handle its own errors to skip single samples")
                 break
-            if sample is None:
+            if sample is _END:
                 break
+            self.taken += 1
             if slot is None:
                 slot, arrays = self._take_slot()
             try:
                 start = perf_counter_ns()
+                self._check_sample(sample)
                 self._fill(arrays, rows, sample)
             except Exception as exn:
                 if self._handle(_located(exn, sample)):
@@ -282,6 +279,16 @@ class _Stream:
                 slot, rows = self._publish(slot, arrays, size), 0
                 yield
         return WorkerDone(self.worker, plan.epoch, self.index, self.samples, self.skipped, self.padded, plan.stream)
+
+    def _check_sample(self, sample):
+        """A SampleError unless ``sample`` is a sample dict: a stage that yields None (or anything
+        else) neither ends the stream nor passes unnoticed."""
+        if not isinstance(sample, dict):
+            stages = self.config.stages
+            name = (getattr(stages[-1], "__name__", None) or repr(stages[-1])) if stages else "the reader"
+            raise SampleError(f"the stages (the last: {name}) yielded {repr(sample)[:60]}, not a sample dict, "
+                              f"after the sample named here was read; a stage drops a sample by not yielding it",
+                              self.where.url, self.where.member)
 
     def _take_slot(self):
         start = perf_counter_ns()
@@ -329,9 +336,12 @@ class _Stream:
         for name, source in config.fields:
             spec = self.specs[name]
             value = source(sample) if callable(source) else _field_value(sample, source, spec, url, key)
-            value = np.asarray(value)
-            if value.shape != spec.shape:
-                raise SampleError(f"field {name!r} has shape {value.shape}, the layout declares {spec.shape}",
+            try:
+                value = fitted(value, spec.dtype)
+            except ValueError as exn:
+                raise SampleError(f"field {name!r}: {exn}", url, key) from exn
+            if np.shape(value) != spec.shape:
+                raise SampleError(f"field {name!r} has shape {np.shape(value)}, the layout declares {spec.shape}",
                                   url, key)
             arrays[name][row] = value
         if config.keys:
@@ -347,21 +357,28 @@ def _fields(sample):
 
 
 def _label(sample, source, url, key):
+    """The sample's label: an integer that int64 holds, from the label function or field (its text
+    read strictly: ``values.integer_from_text``); SampleError otherwise, never a cast."""
     if callable(source):
-        return source(sample)
-    if source not in sample:
+        value, what = source(sample), f"label function {getattr(source, '__name__', source)!r}:"
+    elif source not in sample:
         raise SampleError(f"no label field {source!r} in the sample; it has {_fields(sample)}", url, key)
-    value = sample[source]
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        try:
-            return int(bytes(value).decode().strip())
-        except ValueError as exn:
-            raise SampleError(f"label field {source!r} is {bytes(value)[:40]!r}, not an integer", url, key) from exn
-    return value
+    else:
+        value, what = sample[source], f"label field {source!r}:"
+    try:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            value = integer_from_text(value)
+        label = fitted(value, _LABEL)
+    except ValueError as exn:
+        raise SampleError(f"{what} {exn}", url, key) from exn
+    if type(label) is not int and np.ndim(label):
+        raise SampleError(f"{what} an array of shape {np.shape(label)}, not one integer", url, key)
+    return label
 
 
 def _field_value(sample, ext, spec, url, key):
-    """The array of extension ``ext``: ``.npy`` bytes, or text numbers (``"1 2 3"``)."""
+    """The array of extension ``ext``: ``.npy`` bytes, or text numbers (``"1 2 3"``; words for a
+    bytes dtype)."""
     if ext not in sample:
         raise SampleError(f"no field {ext!r} in the sample; it has {_fields(sample)}", url, key)
     value = sample[ext]
@@ -371,6 +388,8 @@ def _field_value(sample, ext, spec, url, key):
     if data.startswith(b"\x93NUMPY"):
         return np.load(io.BytesIO(data), allow_pickle=False)
     try:
-        return np.array(data.decode().split(), dtype=spec.dtype).reshape(spec.shape)
+        words = np.array(data.split()) if np.dtype(spec.dtype).kind == "S" else numbers_from_text(data)
+        return words.reshape(spec.shape)
     except ValueError as exn:
-        raise SampleError(f"field {ext!r} is neither .npy data nor numbers of shape {spec.shape}", url, key) from exn
+        raise SampleError(f"field {ext!r} is neither .npy data nor numbers of shape {spec.shape} ({exn})",
+                          url, key) from exn
