@@ -354,7 +354,7 @@ def test_a_cut_gzip_shard_delivers_every_sample_before_the_cut(impl, tmp_path):
     with tarfile.open(fileobj=io.BytesIO(data)) as archive:
         whole = [m.name for m in archive if m.offset_data + m.size <= before_cut]
     complete = [name.split(".")[0] for name in whole if name.endswith(".cls")]
-    url = f"pipe:head -c 10240 {tmp_path / 's.tgz'}"  # as dd bs=1024 count=10 cuts it (dd aborts under a sanitizer preload)
+    url = f"pipe:head -c 10240 {tmp_path / 's.tgz'}"  # dd aborts under the sanitizer preload
     got = []
     with pytest.raises(wdsmp.TarFormatError, match="corrupt gzip stream") as info:
         for sample in wdsmp.WebDataset(url, shardshuffle=False):
