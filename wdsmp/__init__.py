@@ -12,6 +12,11 @@ torch (NOTE [light workers] in ``wdsmp/fast/pool.py``).
 
 import importlib
 
+# ``wdsmp.gopen`` is a function and a submodule of that name: imported here, the function is what
+# the package holds, as the import system sets the module as the package's attribute only at its
+# first import (light: no torch).
+from .gopen import gopen
+
 # Where each public name lives; ``wdsmp.<name>`` imports its module on first use (see __getattr__).
 _PUBLIC = {
     "autodecode": (
@@ -39,7 +44,7 @@ _PUBLIC = {
         "info", "map", "map_dict", "map_tuple", "pipelinefilter", "rename", "rename_keys", "rsample",
         "select", "shuffle", "slice", "to_tuple", "transform_with", "unbatched", "xdecode",
     ),
-    "gopen": ("gopen", "gopen_schemes", "reader", "register_scheme"),
+    "gopen": ("gopen_schemes", "reader", "register_scheme"),
     "handlers": (
         "ignore_and_continue", "ignore_and_stop", "reraise_exception", "warn_and_continue", "warn_and_stop",
     ),

@@ -36,6 +36,8 @@ def test_import_wdsmp_is_light_and_every_public_name_still_resolves():
             raise AssertionError("wds.no_such_name did not raise AttributeError")
         from wdsmp import *
         assert WebDataset is wds.WebDataset and FastLoader is wds.FastLoader
+        import wdsmp.gopen
+        assert wds.gopen is sys.modules["wdsmp.gopen"].gopen  # the function, not its module
         print(light)
     """)
     assert _python("-c", code) == "True"
