@@ -4,12 +4,14 @@ Usage::
 
     python benchmarks/make_corpus.py /tmp/corpus --images 4000 --shard-size 500
     python benchmarks/bench_loader.py --corpus /tmp/corpus [--workers 2] [--batch-size 256]
-        [--seconds 20] [--warmup 5] [--rounds 3] [--record]
+        [--seconds 20] [--warmup 5] [--rounds 3] [--plot loader-bench.png] [--record]
 
 The measurement (what the contenders are, how each figure is taken) is
 ``wdsmp.benchmark``, which ``wdsmp bench`` runs too; this script runs it from a
 checkout and, with ``--record``, appends a dated section with the command,
-corpus and table to ``benchmarks/RESULTS.md``.
+corpus and table to ``benchmarks/RESULTS.md``. Both draw the run (images/s over
+time, time per image by stage) to ``--plot`` when matplotlib is installed
+(``pip install 'wdsmp[plot]'``).
 """
 
 import argparse
@@ -59,8 +61,10 @@ def main(argv=None):
         parser.error(str(exn))
     command = " ".join(["python", "benchmarks/bench_loader.py"] + (sys.argv[1:] if argv is None else list(argv)))
     print(benchmark.header(command, corpus), flush=True)
-    text = benchmark.summary(benchmark.run(corpus, args, log=sys.stderr), corpus)
+    rounds = benchmark.run(corpus, args, log=sys.stderr)
+    text = benchmark.summary(rounds, corpus)
     print(text)
+    print(benchmark.picture(rounds, corpus, args))
     if args.record:
         record(command, corpus, args, text)
         print(f"# recorded in {RESULTS}")

@@ -27,6 +27,16 @@ def impl(request, monkeypatch):
     return request.param
 
 
+def region_decoder_missing():
+    """Why the JPEG region decoder is not in use, for a skip message: in the pure-Python twins'
+    variant of a test (``WDSMP_PUREPYTHON=1``, as ``impl`` sets it or the second CI run does) it
+    has no twin, and the native variant runs the test; otherwise it was not built."""
+    if os.environ.get("WDSMP_PUREPYTHON", "").strip().lower() in ("1", "true", "yes", "on"):
+        return ("pure-Python twins' variant (WDSMP_PUREPYTHON=1): the JPEG region decoder has no twin; "
+                "the native variant runs this test")
+    return "the JPEG region decoder is not built here (no libjpeg-turbo headers at build time)"
+
+
 def tar_bytes(members, format=tarfile.GNU_FORMAT, extra=None):
     """A tar archive in memory from ``[(name, data), ...]``; ``extra(tar)`` may add more."""
     buf = io.BytesIO()
@@ -53,6 +63,20 @@ def _segments():
         return set()
     mine = re.compile(rf"wdsmp-(.*-)?{os.getpid()}-[0-9a-f]{{8}}")
     return {name for name in os.listdir("/dev/shm") if mine.fullmatch(name)}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def user_cache(tmp_path_factory):
+    """The user's cache directory (where local shards' sample counts are kept) is the suite's own,
+    never the home directory of whoever runs it."""
+    directory = tmp_path_factory.mktemp("xdg-cache")
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(directory)
+    yield directory
+    if before is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
 
 
 @pytest.fixture(autouse=True)
@@ -82,6 +106,10 @@ def _open_files():
             continue
         if target.startswith("/dev/shm/pym-") and target.endswith(" (deleted)"):
             continue  # an arena of multiprocessing's shared heap: kept for the process's life by design
+        if "/matplotlib/mpl-data/fonts/" in target:
+            continue  # matplotlib caches the fonts it drew with, open, for the process's life
+        if re.fullmatch(r"/dev/shm/wdsmp-sem-\d+-[0-9a-f]{8}\.lock", target):
+            continue  # the lock that keeps this process's loader semaphores (NOTE [semaphore names]): the same
         if target.startswith("/") and not target.startswith(("/dev/null", "/dev/pts", "/dev/tty", "/proc/")):
             files[int(fd)] = target
     return files

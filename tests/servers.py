@@ -3,7 +3,7 @@
 ``http_server``: a threaded HTTP/1.1 file server over a per-test directory,
 with Range, ETag, PUT uploads, a request log, and faults a test sets per path
 (an error status, a connection reset or a short body after some bytes, a
-stall, a redirect, a Range request answered with the whole object).
+stall, a trickle, a redirect, a Range request answered with the whole object).
 ``s3_server``: moto's S3 as a real server over HTTP, with the AWS variables
 (dummy credentials, region, ``AWS_ENDPOINT_URL``) pointing at it.
 
@@ -27,7 +27,7 @@ import pytest
 __all__ = ["Fault", "FileServer", "Request", "S3Server", "http_server", "s3_server"]
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
-FAULT_KINDS = ("status", "reset", "short", "stall", "redirect", "ignore_range")
+FAULT_KINDS = ("status", "reset", "short", "stall", "trickle", "redirect", "ignore_range")
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,8 @@ class Fault:
     ``status``: answer ``status`` (with ``retry_after`` if given); ``reset``: send
     ``after`` body bytes, then reset the connection; ``short``: send ``after`` body
     bytes of the Content-Length promised, then close; ``stall``: send ``after``
-    bytes, then wait ``seconds``; ``redirect``: 307 to ``location``;
+    bytes, then wait ``seconds``; ``trickle``: send ``after`` bytes, then one byte
+    every ``seconds``; ``redirect``: 307 to ``location``;
     ``ignore_range``: answer a Range request with 200 and the whole object.
     ``method`` is the request method it applies to; PUT knows ``status`` and ``redirect``.
     """
@@ -212,7 +213,7 @@ class FileServer:
                 return self._reply(handler, 416, b"", [("Content-Range", f"bytes */{len(data)}")])
             status, body = 206, data[start:end + 1]
             headers.append(("Content-Range", f"bytes {start}-{end}/{len(data)}"))
-        if kind not in ("reset", "short", "stall"):
+        if kind not in ("reset", "short", "stall", "trickle"):
             return self._reply(handler, status, body, headers)
         handler.close_connection = True
         handler.send_response(status)
@@ -231,6 +232,15 @@ class FileServer:
                 handler.wfile.write(body[fault.after:])
             except OSError:
                 pass  # the client gave up waiting, as it should
+        elif kind == "trickle":
+            try:
+                for i in range(fault.after, len(body)):
+                    if self._stop.wait(fault.seconds):
+                        break
+                    handler.wfile.write(body[i:i + 1])
+                    handler.wfile.flush()
+            except OSError:
+                pass  # the client gave up, as it should
 
     def serve_put(self, handler):
         if handler.headers.get("Transfer-Encoding", "").lower() == "chunked":

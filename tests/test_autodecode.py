@@ -538,3 +538,93 @@ def test_handle_extension_in_a_decoder_and_pickled():
     assert decoder({"__key__": "k", "a.cls": b"x"})["a.cls"] == b"X"
     handler = pickle.loads(pickle.dumps(handle_extension("seg.png jpg", len)))
     assert (handler(".a.seg.png", b"abc"), handler(".png", b"abc")) == (3, None)
+
+
+# Decompression bombs: what one field may cost is bounded.
+
+
+def test_a_gz_field_bomb_is_refused_under_a_memory_limit(tmp_path):
+    from tests.bombs import gzip_of_zeros, run_limited
+
+    (tmp_path / "bomb.gz").write_bytes(gzip_of_zeros(b"", 96 << 24))  # 1.5 GiB from 1.5 MB
+    status, out = run_limited(f"""
+        import os
+        os.environ["WDSMP_MAX_MEMBER_SIZE"] = str(256 << 20)  # the default, 1 GiB, is more than the limit here
+        from wdsmp.autodecode import Decoder
+        sample = {{"__key__": "k", "__url__": "s.tar", "txt.gz": open({str(tmp_path / "bomb.gz")!r}, "rb").read()}}
+        try:
+            Decoder([])(sample)
+        except Exception as exn:
+            print(type(exn).__name__, exn)
+        """)
+    assert status == 0, out
+    assert re.search(r"DecodingError cannot decode: the .gz field expands to more than 268435456 bytes "
+                     r"\(max_field_size, or WDSMP_MAX_MEMBER_SIZE\).*shard 's.tar', member 'k.txt.gz'", out), out
+
+
+def test_gz_fields_are_read_as_gzip_reads_them_up_to_the_cap(monkeypatch):
+    packed = gzip.compress(b"one ") + b"\0\0" + gzip.compress(b"two")  # two members, zero padding between
+    assert ad.gunzip(packed, 7) == gzip.decompress(packed) == b"one two"
+    with pytest.raises(DecodeError, match="expands to more than 6 bytes"):
+        ad.gunzip(packed, 6)
+    with pytest.raises(EOFError):
+        ad.gunzip(packed[:-3], 100)
+    sample = {"__key__": "k", "txt.gz": gzip.compress(b"x" * 100)}
+    assert Decoder([])(sample)["txt.gz"] == "x" * 100
+    with pytest.raises(ad.DecodingError, match="expands to more than 99 bytes"):
+        Decoder([], max_field_size=99)(sample)
+    monkeypatch.setenv("WDSMP_MAX_MEMBER_SIZE", "99")
+    with pytest.raises(ad.DecodingError, match="expands to more than 99 bytes"):
+        Decoder([])(sample)
+    with pytest.raises(ValueError, match="max_field_size must be a positive"):
+        Decoder([], max_field_size=-1)
+
+
+def test_image_bombs_are_refused_by_the_pixel_budget_under_a_memory_limit(tmp_path):
+    """A PNG (168 kB) and a WebP (28 bytes) claiming 13000 x 13000 pixels, under the size
+    limits: 2 GB as float RGB, refused by the per-image budget before decoding."""
+    from tests.bombs import png_of_zeros, run_limited, webp_of_zeros
+
+    (tmp_path / "bomb.png").write_bytes(png_of_zeros(13000, 13000))
+    (tmp_path / "bomb.webp").write_bytes(webp_of_zeros(13000, 13000))
+    status, out = run_limited(f"""
+        from wdsmp.autodecode import Decoder
+        for ext in ["png", "webp"]:
+            data = open(f"{tmp_path}/bomb.{{ext}}", "rb").read()
+            try:
+                Decoder(["rgb"])({{"__key__": "k", "__url__": "s.tar", ext: data}})
+            except Exception as exn:
+                print(type(exn).__name__, exn)
+        """)
+    assert status == 0, out
+    for fmt, ext in (("PNG", "png"), ("WEBP", "webp")):
+        assert re.search(rf"DecodingError cannot decode: ImageTooLarge: the {fmt} image decodes to 13000x13000 = 169000000 pixels, "
+                         rf"more than the budget of 67108864 pixels per image \(max_image_pixels, or "
+                         rf"WDSMP_MAX_IMAGE_PIXELS\).*member 'k.{ext}'", out), out
+
+
+@pytest.mark.parametrize("spec", ["pil", "pill", "pilrgba", "l8", "rgb8", "rgba", "torchrgb", "torchl8"])
+def test_every_image_spec_holds_a_jpeg_to_the_pixel_budget(spec):
+    """Each spec's JPEG path (libjpeg-turbo into a Pillow image or an array) checks the budget
+    from the header before decoding, as Pillow's path does."""
+    sample = {"__key__": "k", "jpg": simplejpeg.encode_jpeg(np.zeros((200, 300, 3), np.uint8))}
+    with pytest.raises(ad.DecodingError, match="the JPEG image decodes to 300x200 = 60000 pixels, more than "
+                                               "the budget of 59999"):
+        Decoder([spec], max_image_pixels=59999)(sample)
+    assert Decoder([spec], max_image_pixels=60000)(sample)["jpg"] is not None
+
+
+def test_the_pixel_budget_is_settable(monkeypatch):
+    from tests.bombs import png_of_zeros
+
+    sample = {"__key__": "k", "png": png_of_zeros(300, 200), "jpg": simplejpeg.encode_jpeg(
+        np.zeros((200, 300, 3), np.uint8))}
+    assert Decoder(["rgb8"])(sample)["png"].shape == (200, 300, 3)
+    for ext, fmt in (("png", "PNG"), ("jpg", "JPEG")):
+        with pytest.raises(ad.DecodingError, match=f"the {fmt} image decodes to 300x200 = 60000 pixels, more "
+                                                   f"than the budget of 59999"):
+            Decoder(["rgb8"], max_image_pixels=59999, only=[ext])(sample)
+    monkeypatch.setenv("WDSMP_MAX_IMAGE_PIXELS", "59999")
+    with pytest.raises(ad.DecodingError, match="budget of 59999"):
+        Decoder([ad.ImageHandler("pil")])(sample)
+    assert Decoder([ad.ImageHandler("pil", max_pixels=60000)])(sample)["png"].size == (300, 200)

@@ -298,11 +298,15 @@ def test_shard_larger_than_cache_size_is_read_but_not_cached(tmp_path, shard, lo
     assert os.listdir(cache) == []
 
 
+def _cache_as(cache, url, name):
+    """Read ``url`` through the cache in ``cache``, naming its entry ``name``."""
+    list(cached_tarfile_samples([url], cache_dir=str(cache), cache_name=lambda _: name))
+
+
 def test_lru_cleanup_and_orphaned_temps(tmp_path):
     cache = tmp_path / "cache"
-    cache.mkdir()
     for i, name in enumerate(["old", "mid", "new"]):
-        (cache / name).write_bytes(b"x" * 1000)
+        _cache_as(cache, f"pipe:cat {make_shard(tmp_path / f'{name}.tar', seed=i, n=1, size=1000)}", name)
         _age(cache, name, 100 - 10 * i)
     orphan = cache / ".mid.99999999.0123abcd.tmp"  # its writer died: nobody holds mid.lock
     orphan.write_bytes(b"partial")
@@ -310,9 +314,50 @@ def test_lru_cleanup_and_orphaned_temps(tmp_path):
     busy.write_bytes(b"partial")
     with open(cache / "busy.lock", "w") as writing:
         fcntl.flock(writing, fcntl.LOCK_EX)  # a live writer of "busy"
-        lru_cleanup(str(cache), 2000)
+        lru_cleanup(str(cache), 2 * os.path.getsize(cache / "old"))
     assert entries(cache) == ["mid", "new"]
     assert not orphan.exists() and busy.exists()
+
+
+def test_eviction_removes_only_what_the_cache_wrote(tmp_path, log):
+    """Files of the user's in the cache directory (even one with a lock file beside it, or in a
+    subdirectory) are neither evicted nor counted."""
+    cache = tmp_path / "cache"
+    (cache / "notes").mkdir(parents=True)
+    urls, size = three_shards(tmp_path, log)
+    theirs = {"my-thesis.txt": b"chapter 1" * size, "notes/todo.txt": b"x" * size, "plan": b"y" * 10}
+    for name, data in theirs.items():
+        (cache / name).write_bytes(data)
+        _age(cache, name, 1000)  # older than any entry: the first to go, were they entries
+    (cache / "plan.lock").write_bytes(b"")  # another tool's lock beside it
+    cap = 2 * size + size // 2  # room for two shards
+    for c in "abc":
+        list(cached_tarfile_samples([urls[c]], cache_dir=str(cache), cache_size=cap))
+    assert {name: (cache / name).read_bytes() for name in theirs} == theirs
+    names = {c: os.path.basename(FileCache(str(cache)).entry_path(urls[c])) for c in "abc"}
+    assert entries(cache) == sorted(["my-thesis.txt", "notes", "plan", names["b"], names["c"]])
+    _age(cache, names["c"], 100)
+    lru_cleanup(str(cache), size)
+    assert entries(cache) == sorted(["my-thesis.txt", "notes", "plan", names["b"]])
+
+
+def test_a_cache_file_cut_short_is_fetched_again_once_with_a_warning(tmp_path, shard, log):
+    """A loader checks a cache file's first block, which a copy cut short passes; its size,
+    recorded when it was cached, tells (read as it is, it would fail at the cut on every pass)."""
+    cache = tmp_path / "cache"
+    url = logged(shard, log)
+    expected = list(cached_tarfile_samples([url], cache_dir=str(cache)))
+    [name] = entries(cache)
+    with open(cache / name, "r+b") as stream:
+        stream.truncate(os.path.getsize(shard) // 2)  # mid-member: the first block still says tar
+    with pytest.warns(RuntimeWarning, match=rf"cache file .*{name} for .* is 1,5\d\d,\d\d\d bytes, not the "
+                                            r"3,\d+,\d+ it had when cached .cut short.*; fetching it again"):
+        assert list(cached_tarfile_samples([url], cache_dir=str(cache))) == expected
+    assert runs(log) == 2 and (cache / name).read_bytes() == open(shard, "rb").read()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(cached_tarfile_samples([url], cache_dir=str(cache))) == expected
+    assert runs(log) == 2
 
 
 def test_names_hash_the_whole_url(tmp_path, log):
@@ -484,12 +529,12 @@ def test_bad_settings_are_rejected(tmp_path, kw, match):
 
 def test_lru_cleanup_class_runs_at_most_once_per_interval(tmp_path):
     cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / "a").write_bytes(b"x" * 1000)
+    shard = make_shard(tmp_path / "small.tar", n=1, size=1000)
+    _cache_as(cache, f"pipe:cat {shard}", "a")
     cleaner = LRUCleanup(str(cache), 500, interval=3600)
     cleaner.cleanup()
     assert entries(cache) == []
-    (cache / "b").write_bytes(b"x" * 1000)
+    _cache_as(cache, f"pipe:cat {shard} ", "b")
     cleaner.cleanup()  # too soon
     assert entries(cache) == ["b"]
 

@@ -182,3 +182,62 @@ def test_two_processes_share_one_file(tmp_path):
     assert len(stored) == 450
     assert len({s["__key__"] for s in stored}) == 450
     assert {s["__key__"] for s in stored} == {f"k{i:04d}" for i in range(450)}
+
+
+class _Opener:
+    """Unpickles into ``open(path, "w")``: what a cache file from someone else can do."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        import builtins
+
+        return (builtins.open, (self.path, "w"))
+
+
+def test_samples_are_stored_without_pickle_and_a_hostile_file_runs_nothing_in_secure_mode(tmp_path, monkeypatch):
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    monkeypatch.delenv("WDS_SECURE", raising=False)
+    sample = {"__key__": "k0", "jpg": b"\xff\xd8", "cls": 3, "big": 1 << 70, "x": 0.5, "ok": True, "no": None,
+              "t": ("a", [1, 2]), "a": np.arange(6, dtype=np.float32).reshape(2, 3), "s": np.int64(7),
+              "p": torch.arange(4, dtype=torch.bfloat16), "img": Image.new("RGB", (3, 2), (1, 2, 3))}
+    db = tmp_path / "plain.db"
+    assert list(DBCache([sample], db, 5, verbose=False)) == [sample]
+    with sqlite3.connect(db) as con:
+        stored = con.execute("SELECT data FROM samples").fetchone()[0]
+    assert stored.startswith(b"WDSP1") and b"\x80" != stored[:1]
+    back = list(DBCache([], db, 5, verbose=False))[0]
+    assert back.keys() == sample.keys() and back["big"] == 1 << 70 and back["t"] == ("a", [1, 2])
+    assert np.array_equal(back["a"], sample["a"]) and back["a"].dtype == np.float32
+    assert type(back["s"]) is np.int64 and back["s"] == 7
+    assert back["p"].dtype == torch.bfloat16 and torch.equal(back["p"], sample["p"])
+    assert back["img"].tobytes() == sample["img"].tobytes() and back["img"].mode == "RGB"
+    # A file from elsewhere: its rows are pickles that run code when loaded.
+    marker = tmp_path / "ran"
+    hostile = tmp_path / "hostile.db"
+    DBCache([], hostile, 1, verbose=False)  # the schema
+    with sqlite3.connect(hostile) as con:
+        con.execute("INSERT INTO samples (key, data) VALUES (?, ?)", ("k", pickle.dumps(_Opener(str(marker)))))
+    monkeypatch.setenv("WDS_SECURE", "1")
+    with pytest.raises(ValueError, match=r"DBCache '.*hostile.db' holds pickled samples .* WDS_SECURE=1 refuses "
+                                         r"to unpickle them"):
+        list(DBCache([], hostile, 1, verbose=False))
+    assert not marker.exists()
+    assert list(DBCache([], db, 5, verbose=False))[0].keys() == sample.keys()  # plain files still read
+    with pytest.raises(ValueError, match="WDS_SECURE=1 stores only plain samples .* holds a .*Counted"):
+        list(DBCache([Counted(1)], tmp_path / "other.db", 1, verbose=False))
+    monkeypatch.delenv("WDS_SECURE")
+    assert list(DBCache([], hostile, 1, verbose=False)) and marker.exists()  # outside secure mode, as before
+
+
+def test_plain_records_are_checked_as_they_are_read():
+    from wdsmp.samplecodec import decode_plain, encode_plain
+
+    good = encode_plain({"a": [1, b"x"]})
+    for bad in (good[:-1], good + b"\0", b"WDSP1Z", b"WDSP1b" + (1 << 40).to_bytes(8, "little")):
+        with pytest.raises(ValueError, match="plain sample record"):
+            decode_plain(bad)

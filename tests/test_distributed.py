@@ -1,7 +1,8 @@
-"""Exact epochs across ranks under torchrun (gloo), 2 ranks x 2 workers: every sample once, the
-same number of batches on every rank, and a run SIGKILLed mid-epoch resumed from its saved
-state with exactly the batches it had not yet trained on; from local files and from an
-S3-compatible server with a shard cache per rank."""
+"""Exact epochs across ranks under torchrun (gloo), 2 ranks x 2 workers, from plain shard URLs
+with no index written by the test: every sample once, the same number of batches on every
+rank, and a run SIGKILLed mid-epoch resumed from its saved state with exactly the batches it
+had not yet trained on; from local files (which count themselves) and from an S3-compatible
+server with a shard cache per rank and an HTTP server (the index beside the shards)."""
 
 import collections
 import json
@@ -17,35 +18,43 @@ import wdsmp as wds
 from wdsmp.fast.ring import SHM_DIR
 from wdsmp.shardindex import write_index
 
-SIZES = (37, 5, 60)  # unequal, and fewer shards than ranks x workers
+SIZES = (10, 50, 23, 37, 8)  # unequal
 BATCH, WORLD = 4, 2
 PER_RANK = sum(SIZES) // WORLD // BATCH  # policy "drop"
 JOB = os.path.join(os.path.dirname(__file__), "torchrun_job.py")
+SPEC = "part-{0..4}.tar"
 
 
 def _shards(directory):
-    """The shard files and their index in ``directory``: small JPEGs with labels."""
+    """The shard files in ``directory``, small JPEGs with labels; their names."""
     rng = np.random.default_rng(5)
     for s, size in enumerate(SIZES):
         with wds.TarWriter(str(directory / f"part-{s}.tar")) as sink:
             for i in range(size):
                 pixels = rng.integers(0, 255, (24, 32, 3), dtype=np.uint8)
                 sink.write({"__key__": f"s{s}-{i:03d}", "jpg": simplejpeg.encode_jpeg(pixels, 90), "cls": s})
-    write_index(str(directory / "index.json"), [(f"part-{s}.tar", size) for s, size in enumerate(SIZES)])
-    return ["index.json"] + [f"part-{s}.tar" for s in range(len(SIZES))]
+    return [f"part-{s}.tar" for s in range(len(SIZES))]
 
 
 @pytest.fixture(scope="module")
-def local_index(tmp_path_factory):
+def local_shards(tmp_path_factory):
     directory = tmp_path_factory.mktemp("distributed")
     _shards(directory)
-    return str(directory / "index.json")
+    return str(directory / SPEC)
 
 
-def _torchrun(out, tag, index, loader, workers=2, **options):
+def _upload(directory, put):
+    """The shards, and their index as index.json beside them, through ``put(name, data)``."""
+    names = _shards(directory)
+    write_index(str(directory / "index.json"), list(zip(names, SIZES)))
+    for name in names + ["index.json"]:
+        put(name, (directory / name).read_bytes())
+
+
+def _torchrun(out, tag, urls, loader, workers=2, **options):
     """Run the job on WORLD ranks; its return code."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", JOB,
-               "--loader", loader, "--index", index, "--out", str(out), "--tag", tag, "--workers", str(workers),
+               "--loader", loader, "--urls", urls, "--out", str(out), "--tag", tag, "--workers", str(workers),
                "--batch", str(BATCH)]
     for name, value in options.items():
         flag = "--" + name.replace("_", "-")
@@ -62,20 +71,26 @@ def _batches(out, tag, rank):
         return [line.split() for line in stream]
 
 
-def _check_exact_and_resumable(out, index, loader, resume_workers=2, cache_dir=None):
-    cache = {} if cache_dir is None else {"cache_dir": cache_dir}
-    _torchrun(out, "full", index, loader, **cache)
-    with open(out / "done-full.json") as stream:
+def _check_exact(out, tag):
+    """The epoch logged as ``tag``: every rank the same number of full batches, every sample at
+    most once; the keys of each rank's batches."""
+    with open(out / f"done-{tag}.json") as stream:
         done = json.load(stream)
     assert done == {"counts": [PER_RANK] * WORLD, "len": PER_RANK}  # equal batches, and len() says so
-    full = [_batches(out, "full", rank) for rank in range(WORLD)]
+    full = [_batches(out, tag, rank) for rank in range(WORLD)]
     seen = collections.Counter(key for batches in full for batch in batches for key in batch)
     assert len(seen) == WORLD * PER_RANK * BATCH and max(seen.values()) == 1  # every sample at most once
     assert all(len(batch) == BATCH for batches in full for batch in batches)
+    return full
 
-    code = _torchrun(out, "killed", index, loader, checkpoint_at=5, kill_at=7, **cache)
+
+def _check_exact_and_resumable(out, urls, loader, resume_workers=2, cache_dir=None):
+    cache = {} if cache_dir is None else {"cache_dir": cache_dir}
+    _torchrun(out, "full", urls, loader, **cache)
+    full = _check_exact(out, "full")
+    code = _torchrun(out, "killed", urls, loader, checkpoint_at=5, kill_at=7, **cache)
     assert code != 0  # SIGKILLed mid-epoch, every rank
-    _torchrun(out, "resumed", index, loader, workers=resume_workers, resume=True, **cache)
+    _torchrun(out, "resumed", urls, loader, workers=resume_workers, resume=True, **cache)
     for rank in range(WORLD):
         killed, resumed = _batches(out, "killed", rank), _batches(out, "resumed", rank)
         assert len(killed) == 7
@@ -84,15 +99,18 @@ def _check_exact_and_resumable(out, index, loader, resume_workers=2, cache_dir=N
         assert killed[:5] + resumed == full[rank]
 
 
-def test_pipeline_exact_epochs_and_resume_under_torchrun(local_index, tmp_path):
-    _check_exact_and_resumable(tmp_path, local_index, "pipeline", resume_workers=3)
+def test_pipeline_exact_epochs_and_resume_under_torchrun(local_shards, tmp_path):
+    _check_exact_and_resumable(tmp_path, local_shards, "pipeline", resume_workers=3)
 
 
-def test_fastloader_exact_epochs_and_resume_under_torchrun(local_index, tmp_path):
-    before = set(os.listdir(SHM_DIR))
-    _check_exact_and_resumable(tmp_path, local_index, "fast", resume_workers=3)
-    # the killed run's rings were swept by the resumed run's loaders
-    assert not [name for name in set(os.listdir(SHM_DIR)) - before if name.startswith("wdsmp")]
+def test_fastloader_exact_epochs_and_resume_under_torchrun(local_shards, tmp_path):
+    _check_exact_and_resumable(tmp_path, local_shards, "fast", resume_workers=3)
+    # the killed run's rings were swept by the resumed run's loaders (names end in -<pid>-<random>;
+    # other processes on the machine may hold rings of their own)
+    pids = {path.read_text() for path in tmp_path.glob("pid-*-rank*.txt")}
+    assert len(pids) == 3 * WORLD
+    assert not [name for name in os.listdir(SHM_DIR)
+                if name.startswith("wdsmp") and any(f"-{pid}-" in name for pid in pids)]
 
 
 @pytest.mark.parametrize("loader", ["pipeline", "fast"])
@@ -100,10 +118,17 @@ def test_exact_epochs_from_s3_with_a_cache_per_rank(loader, s3_server, tmp_path)
     data = tmp_path / "data"
     data.mkdir()
     s3_server.create_bucket("train")
-    for name in _shards(data):
-        s3_server.put("train", name, (data / name).read_bytes())
+    _upload(data, lambda name, data: s3_server.put("train", name, data))
     cache = tmp_path / "cache"
-    _check_exact_and_resumable(tmp_path, "s3://train/index.json", loader, cache_dir=str(cache))
+    _check_exact_and_resumable(tmp_path, f"s3://train/{SPEC}", loader, cache_dir=str(cache))
     for rank in range(WORLD):  # each rank fetched the shards it reads once, whole, into its own cache
         cached = sorted(p.name.split("-", 1)[1] for p in (cache / f"rank{rank}").rglob("*.tar"))
         assert cached and set(cached) <= {f"part-{s}.tar" for s in range(len(SIZES))}
+
+
+def test_exact_epochs_over_http(http_server, tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    _upload(data, lambda name, data: http_server.put_file(f"train/{name}", data))
+    _torchrun(tmp_path, "http", http_server.url(f"train/{SPEC}"), "both")
+    assert _check_exact(tmp_path, "http-pipeline") and _check_exact(tmp_path, "http-fast")

@@ -233,6 +233,21 @@ def test_some_unknown_counts_mean_whole_shards_with_the_known_stops():
     assert [(r.url, r.stop) for r in plan.streams[0].ranges] == [("a.tar", 4), ("b.tar", None)]
 
 
+def test_exact_false_deals_out_whole_shards_and_names_what_it_leaves_out():
+    shards = [("a.tar", 10), ("b.tar", 50), ("c.tar", 23), ("d.tar", 37), ("e.tar", 8)]
+    plans = [plan_epoch(shards, 2, batch_size=16, rank=r, world_size=2, shuffle=False, exact=False) for r in (0, 1)]
+    assert [p.mode for p in plans] == ["shards", "shards"] and [r.url for r in plans[0].dropped] == ["e.tar"]
+    assert plans[0].notice().startswith("epoch 2 deals out whole shards to ranks (exact=False, or sample counts "
+                                        "unknown): 1 shard (8 samples) read by no rank, by policy='drop'")
+    assert plans[1].notice() is None  # what no rank reads is said once, by rank 0
+    padded = plan_epoch(shards, 0, batch_size=16, rank=1, world_size=2, shuffle=False, exact=False, policy="pad")
+    assert [r.url for r in padded.repeated] == ["a.tar"]
+    assert "1 shard (10 samples) read twice by rank 1, by policy='pad'" in padded.notice()
+    unknown = plan_epoch([url for url, _ in shards], 0, batch_size=16, world_size=2, shuffle=False)
+    assert "1 shard (samples unknown) read by no rank" in unknown.notice()
+    assert plan_epoch(shards, 0, batch_size=16, world_size=2).notice() is None  # exact: nothing to say
+
+
 # -- resampled mode
 
 

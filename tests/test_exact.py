@@ -61,6 +61,17 @@ def test_every_sample_once_and_equal_batches(index, num_workers, policy):
         assert len(seen) == total and sum(seen.values()) == 2 * per_rank * BATCH
 
 
+def test_plain_local_urls_count_themselves(index):
+    """No index given: the shards' own counts make the same plan, so the same batches."""
+    spec = str(pathlib.Path(index).parent / "part-{0..2}.tar")
+    for rank in range(2):
+        epochs = []
+        for source in (spec, index):
+            loader = wds.WebLoader(_dataset(source, rank), batch_size=None, num_workers=2)
+            epochs.append((len(loader), _keys(loader)))
+        assert epochs[0] == epochs[1] and epochs[0][0] == sum(SIZES) // 2 // BATCH
+
+
 def test_order_follows_seed_and_epoch(index):
     def epoch_keys(epoch, num_workers, seed=0):
         loader = wds.WebLoader(_dataset(index, seed=seed), batch_size=None, num_workers=num_workers)
@@ -152,7 +163,7 @@ def test_set_epoch_drops_a_state_of_another_epoch(index):
 
 def test_arguments_and_misuse_are_refused(index, tmp_path):
     with pytest.raises(ValueError, match="needs the sample count of every shard"):
-        wds.ExactSamples([str(tmp_path / "a.tar")], batch_size=4)
+        wds.ExactSamples([f"pipe:cat {tmp_path / 'a.tar'}"], batch_size=4)
     with pytest.raises(ValueError, match="too few for 2 ranks of batch_size 64"):
         wds.ExactSamples(index, batch_size=64, rank=0, world_size=2)
     with pytest.raises(ValueError, match="rank 2 is not below world_size 2"):

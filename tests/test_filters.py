@@ -484,23 +484,55 @@ def image_bytes(fmt, size=(6, 4)):
     return buf.getvalue()
 
 
+def _hostile_pickle(path):
+    """Bytes that create ``path`` when unpickled (through ``builtins.open``)."""
+    return pickle.dumps(_Opener(str(path)))
+
+
+class _Opener:
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        import builtins
+
+        return (builtins.open, (self.path, "w"))
+
+
+def test_xdecode_refuses_pickles_the_pipeline_did_not_ask_for(tmp_path):
+    marker = tmp_path / "ran"
+    shard = str(tmp_path / "s.tar")
+    with wdsmp.TarWriter(shard) as sink:
+        sink.write({"__key__": "k", "txt": "hello", "cls": "3", "pyd": _hostile_pickle(marker)})
+    dataset = wdsmp.WebDataset(shard, shardshuffle=False).xdecode(txt=F.decode_text, cls=F.decode_text)
+    with pytest.raises(DecodeError, match="refusing to unpickle.*unsafe=True"):
+        list(dataset)
+    assert not marker.exists()  # nothing ran
+    with pytest.raises(DecodeError, match="refusing to unpickle"):  # named explicitly: the same
+        list(FL._xdecode([{"__key__": "k", "x.pkl": b"data"}], ("*.pkl", F.decode_pickle)))
+    kept = next(iter(wdsmp.WebDataset(shard, shardshuffle=False).xdecode(cls=False, pyd=False)))
+    assert kept["pyd"] == _hostile_pickle(marker) and not marker.exists()
+    list(wdsmp.WebDataset(shard, shardshuffle=False).xdecode(cls=F.decode_text, unsafe=True))
+    assert marker.exists()  # the caller said the data is trusted
+
+
 def test_xdecode():
     sample = {"__key__": b"k", "a.txt": b"hello", "b.bin": b"\x00", "c.pyd": pickle.dumps([1]),
               "cls": b"3", "seg.png": image_bytes("PNG")}
-    out = next(FL._xdecode([sample], ("*.png", "rgb8"), cls=upper_text))
+    out = next(FL._xdecode([sample], ("*.png", "rgb8"), cls=upper_text, unsafe=True))
     assert out["__key__"] == b"k" and out["a.txt"] == "hello" and out["b.bin"] == b"\x00"
     assert out["c.pyd"] == [1] and out["cls"] == "3"
     assert np.array_equal(out["seg.png"], np.asarray(Image.open(io.BytesIO(sample["seg.png"]))))
-    assert next(FL._xdecode([sample], ("*.png", False), cls=False))["seg.png"] == sample["seg.png"]
+    assert next(FL._xdecode([sample], ("*.png", False), cls=False, pyd=False))["seg.png"] == sample["seg.png"]
     with pytest.raises(SampleError, match=r"xdecode: no decoder for field 'cls'"):
-        list(FL._xdecode([sample]))
-    assert next(FL._xdecode([sample], must_decode=False))["cls"] == b"3"
+        list(FL._xdecode([sample], unsafe=True))
+    assert next(FL._xdecode([sample], must_decode=False, unsafe=True))["cls"] == b"3"
     with pytest.raises(UnicodeDecodeError) as info:
-        list(FL._xdecode([dict(sample, __url__="u.tar")], ("*.png", upper_text), cls=False))
+        list(FL._xdecode([dict(sample, __url__="u.tar")], ("*.png", upper_text), cls=False, pyd=False))
     assert notes(info.value) == "in wdsmp stage xdecode, sample b'k', shard 'u.tar', " \
                                 "field 'seg.png'"
     with pytest.raises(ValueError, match="image spec 'rgb8' does not decode 'cls'"):
-        list(FL._xdecode([sample], ("*.png", "rgb8"), cls="rgb8"))
+        list(FL._xdecode([sample], ("*.png", "rgb8"), cls="rgb8", pyd=False))
     assert F.find_decoder(F.default_decoders, "x/__meta__") is F.identity
     assert F.find_decoder(F.default_decoders, "d/X.TXT") is F.decode_text
     assert F.find_decoder(F.default_decoders, "jpg") is None
@@ -509,6 +541,8 @@ def test_xdecode():
 def test_decode_pickle_refused_when_secure(monkeypatch):
     monkeypatch.setenv("WDS_SECURE", "1")
     with pytest.raises(ValueError, match="WDS_SECURE"):
+        list(FL._xdecode([{"c.pyd": pickle.dumps(1)}], unsafe=True))
+    with pytest.raises(ValueError, match="refusing to unpickle"):
         list(FL._xdecode([{"c.pyd": pickle.dumps(1)}]))
 
 

@@ -2,11 +2,13 @@
 
 import functools
 import pickle
+import time
 import warnings
 
 import pytest
 import torch.utils.data
 
+import wdsmp
 import wdsmp.utils
 from wdsmp.pipeline import DataPipeline, add_length_method
 from wdsmp.shardlists import ResampledShards, SimpleShardList, split_by_worker
@@ -315,3 +317,69 @@ def test_forked_workers_start_their_own_epoch_iterator(tmp_path):
     shard0, shard1 = all_keys(2, 5)[:5], all_keys(2, 5)[5:]
     assert sorted(loader) == sorted(shard0[0:3] + shard1[0:3])
     assert list(dataset) == all_keys(2, 5)[3:6]  # and goes on with it
+
+
+# -- stage times
+
+
+def slow_keys(src):
+    """``keys``, taking 20 ms per sample: the stage a user would want to find."""
+    for sample in src:
+        time.sleep(0.02)
+        yield sample["__key__"]
+
+
+def _times(figures, where=None):
+    return {f["stage"]: f for f in figures if where is None or f["where"] == where}
+
+
+def test_stage_times_name_each_stage_with_its_own_time_and_items(tmp_path):
+    urls = make_shards(tmp_path, 2, 5)
+    dataset = DataPipeline(SimpleShardList(urls), tarfile_to_samples(), slow_keys,
+                           wdsmp.filters.batched(4, collation_fn=None)).with_stage_times()
+    assert len(list(dataset)) == 3
+    figures = dataset.stage_times()
+    assert [f["stage"] for f in figures] == ["SimpleShardList", "tarfile_samples", "slow_keys", "batched"]
+    assert [f["items"] for f in figures] == [2, 10, 10, 3]
+    times = _times(figures)
+    assert times["slow_keys"]["seconds"] >= 10 * 0.02  # its own sleep, the reading before it taken out
+    assert times["slow_keys"]["seconds"] == max(f["seconds"] for f in figures)
+    assert times["slow_keys"]["ms_per_item"] == pytest.approx(times["slow_keys"]["seconds"] * 100)
+    assert {f["where"] for f in figures} == {"this process"}
+
+
+def test_stage_times_are_off_until_asked_and_then_wrap_nothing(tmp_path):
+    urls = make_shards(tmp_path, 1, 2)
+    dataset = DataPipeline(SimpleShardList(urls), tarfile_to_samples(), keys)
+    assert dataset.iterator1().gi_code is keys.__code__  # the last stage itself: no timing wrapper
+    with pytest.raises(ValueError, match=r"stage times are off: call with_stage_times\(\)"):
+        dataset.stage_times()
+    dataset.with_stage_times()
+    assert dataset.iterator1().gi_code is not keys.__code__
+    dataset.with_stage_times(False)
+    assert dataset.iterator1().gi_code is keys.__code__
+
+
+def test_stages_appended_later_are_timed_too(tmp_path):
+    urls = make_shards(tmp_path, 1, 3)
+    dataset = DataPipeline(SimpleShardList(urls), tarfile_to_samples()).with_stage_times()
+    longer = dataset.compose(keys)
+    assert list(longer) == all_keys(1, 3)
+    assert [(f["stage"], f["items"]) for f in longer.stage_times()] == [
+        ("SimpleShardList", 1), ("tarfile_samples", 3), ("keys", 3)]
+    assert [f["items"] for f in dataset.stage_times()] == [0, 0]  # the original was not run
+    assert pickle.loads(pickle.dumps(longer)).stage_times()[2]["stage"] == "keys"  # pickles, with a clock of its own
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_stage_times_of_a_web_loader_add_up_its_workers(tmp_path, context):
+    urls = make_shards(tmp_path, 4, 3)
+    dataset = DataPipeline(SimpleShardList(urls), split_by_worker, tarfile_to_samples(), slow_keys)
+    loader = wdsmp.WebLoader(dataset, num_workers=2, batch_size=None, multiprocessing_context=context,
+                             persistent_workers=True).batched(4, collation_fn=None).with_stage_times()
+    assert sorted(k for batch in loader for k in batch) == all_keys(4, 3)
+    assert sorted(k for batch in loader for k in batch) == all_keys(4, 3)  # a second epoch, same workers
+    workers, here = _times(loader.stage_times(), "DataLoader workers"), _times(loader.stage_times(), "this process")
+    assert workers["slow_keys"]["items"] == 24 and workers["SimpleShardList"]["items"] == 16  # 2 epochs x 2 workers
+    assert workers["slow_keys"]["seconds"] >= 24 * 0.02
+    assert list(here) == ["DataLoader", "batched"] and here["batched"]["items"] == 6

@@ -13,7 +13,7 @@ import wdsmp as wds
 from tests.servers import aws_environment
 from wdsmp.errors import PipeError, ShardError
 from wdsmp.gopen import Pipe, ais_object_url, gopen, gopen_curl, rewrite_url, set_options
-from wdsmp.remote import HTTPReader, RemoteOptions
+from wdsmp.remote import HTTPReader, RemoteOptions, refused_here
 
 DATA = bytes(range(256)) * 4099  # ~1 MiB, not a multiple of any buffer size
 BIG = bytes(range(251)) * 12289  # ~3 MiB: a fault after 1.5 MB comes after whole 1 MiB reads
@@ -128,14 +128,62 @@ def test_http_fault_forever(http_server, fault, kw, message):
     assert len(http_server.requests("f.bin")) == 3
 
 
-def test_http_connection_refused():
+def test_http_trickle_fails_naming_the_url_and_the_rate(http_server):
+    """One byte every 0.2 s resets every read timeout; the minimum rate ends it."""
+    url = http_server.put_file("t.bin", DATA)
+    http_server.fault("t.bin", "trickle", times=None, seconds=0.2)
+    started = time.monotonic()
+    with pytest.raises(ShardError, match=r"GET too slow: \d+ bytes in 1\.\d s of waiting \([\d.]+ bytes/s\), less "
+                                         r"than min_rate=100 bytes/s over rate_window=1 s at byte \d+ of 1049344; "
+                                         r"gave up after 1 retries") as info:
+        with gopen(url, retries=1, read_timeout=2, min_rate=100, rate_window=1, **FAST) as stream:
+            read_all(stream)
+    assert info.value.url == url and url in str(info.value)
+    assert len(http_server.requests("t.bin")) == 2 and time.monotonic() - started < 30
+
+
+def test_http_slow_consumer_is_not_a_slow_server(http_server):
+    """Only time spent waiting in reads counts: a reader that pauses between reads is served."""
+    url = http_server.put_file("f.bin", DATA)
+    with gopen(url, retries=0, min_rate=1000, rate_window=1, **FAST) as stream:
+        chunks = []
+        for _ in range(3):  # 300 bytes in 2.4 s, but the server sends all it is asked for at once
+            chunks.append(stream.raw.read(100))
+            time.sleep(1.2)
+        chunks.append(read_all(stream))
+    assert b"".join(chunks) == DATA and len(http_server.requests("f.bin")) == 1
+
+
+def _closed_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]  # closed when the block ends: nobody listens there
-    url = f"http://127.0.0.1:{port}/x.tar"
-    with pytest.raises(ShardError, match=r"GET failed: .*[Cc]onnection refused.*gave up after 1 retries") as info:
-        gopen(url, retries=1, **FAST)
+        return sock.getsockname()[1]  # closed when the block ends: nobody listens there
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost"])
+def test_http_connection_refused_here_is_not_retried(host):
+    """Nothing listens on a port of this machine: retrying with backoff would only delay the error."""
+    port = _closed_port()
+    url = f"http://{host}:{port}/x.tar"
+    with pytest.raises(ShardError, match=rf"GET failed: connection refused by {host}:{port}, on this machine: "
+                                         r"nothing listens there \(not retried") as info:
+        gopen(url, retries=5, backoff=30, max_backoff=30)  # a retry would wait 15 s or more
     assert info.value.url == url
+
+
+def test_s3_connection_refused_here_is_not_retried(monkeypatch, tmp_path):
+    port = _closed_port()
+    aws_environment(monkeypatch, tmp_path, f"http://127.0.0.1:{port}")
+    with pytest.raises(ShardError, match=rf"GET failed: connection refused by 127.0.0.1:{port}, on this machine: "
+                                         r"nothing listens there \(not retried.*AWS_ENDPOINT_URL"):
+        gopen("s3://bucket/x.tar", retries=5, backoff=30, max_backoff=30)
+
+
+def test_refused_here_is_only_this_machine():
+    refused = ConnectionRefusedError(111, "Connection refused")
+    assert refused_here(refused, "127.0.0.2") and refused_here(refused, "[::1]") and refused_here(refused, "LOCALHOST")
+    assert not refused_here(refused, "10.0.0.1") and not refused_here(refused, "example.com")
+    assert not refused_here(ConnectionResetError(), "127.0.0.1")
 
 
 def test_http_object_changed_while_reading(http_server):
@@ -157,6 +205,10 @@ def test_remote_options_validated():
         RemoteOptions(retries=-1)
     with pytest.raises(ValueError, match="must be > 0"):
         RemoteOptions(read_timeout=0)
+    with pytest.raises(ValueError, match="rate_window must be > 0"):
+        RemoteOptions(rate_window=0)
+    with pytest.raises(ValueError, match="min_rate must be a number >= 0"):
+        RemoteOptions(min_rate=-1)
     assert RemoteOptions.from_kw(dict(retries=1, ignore_status=[3])) == RemoteOptions(retries=1)
 
 
@@ -365,7 +417,7 @@ def test_rewrite_errors_name_both_urls(http_server, tmp_path, monkeypatch):
                                          r"http://127.0.0.1:\d+/m/b/missing.tar"):
         gopen("gs://b/missing.tar")
     http_server.put_file("m/b/f.bin", DATA)
-    http_server.fault("m/b/f.bin", "reset", after=1000, times=None)
+    http_server.fault("m/b/f.bin", "reset", times=None)
     with pytest.raises(ShardError, match=r"gave up.*/m/b/f.bin \(from gs://b/f.bin\)"):
         with gopen("gs://b/f.bin", retries=1, **FAST) as stream:
             read_all(stream)

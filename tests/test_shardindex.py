@@ -6,7 +6,8 @@ import os
 import pytest
 
 import wdsmp
-from wdsmp.shardindex import read_index, relative_url, resolve_url, write_atomic, write_index
+from wdsmp.shardindex import (INDEX_NAME, is_index, read_index, relative_url, resolve_url, shard_counts,
+                              write_atomic, write_index)
 
 
 def test_shardwriter_writes_an_index_with_every_count(tmp_path):
@@ -22,6 +23,29 @@ def test_shardwriter_writes_an_index_with_every_count(tmp_path):
     assert table == [(str(tmp_path / f"part-00{i}.tar"), n) for i, n in enumerate([4, 4, 2])]
     samples = list(wdsmp.DataPipeline(wdsmp.SimpleShardList([url for url, _ in table]), wdsmp.tarfile_to_samples()))
     assert len(samples) == 10
+
+
+def test_shardwriter_writes_index_json_beside_local_and_remote_shards(tmp_path, http_server):
+    with wdsmp.ShardWriter(str(tmp_path / "part-%03d.tar"), maxcount=3, index=True) as sink:
+        for i in range(7):
+            sink.write({"__key__": f"{i:03d}", "txt": b"x"})
+    assert read_index(str(tmp_path / INDEX_NAME)) == [(str(tmp_path / f"part-00{i}.tar"), n)
+                                                      for i, n in enumerate((3, 3, 1))]
+    with wdsmp.ShardWriter(http_server.url("up/part-%03d.tar"), maxcount=4, index=True) as sink:
+        for i in range(5):
+            sink.write({"__key__": f"{i:03d}", "txt": b"x"})
+    assert read_index(http_server.url(f"up/{INDEX_NAME}")) == [(http_server.url(f"up/part-00{i}.tar"), n)
+                                                              for i, n in enumerate((4, 1))]
+    with pytest.raises(ValueError, match="index must be True, a path or URL, or None"):
+        wdsmp.ShardWriter(str(tmp_path / "x-%03d.tar"), index=1)
+
+
+def test_an_index_url_with_a_query_string_is_an_index(http_server):
+    http_server.put_file("/d/index.json", json.dumps({"shards": [{"url": "a.tar", "samples": 3}]}).encode())
+    signed = http_server.url("/d/index.json") + "?X-Amz-Signature=abc&X-Amz-Expires=60"
+    assert is_index(signed) and not is_index(http_server.url("/d/a.tar?name=x.json"))
+    assert shard_counts(signed) == [(http_server.url("/d/a.tar"), 3)]
+    assert http_server.requests("/d/index.json")[0].path == "/d/index.json?X-Amz-Signature=abc&X-Amz-Expires=60"
 
 
 def test_urls_are_relative_to_the_index(tmp_path):

@@ -232,3 +232,35 @@ def test_secure_mode_refuses_a_pipe_shard_of_a_spec_and_runs_nothing(http_server
         list(spec_dataset(url))
     assert info.value.url == command
     assert not marker.exists()
+
+
+def test_a_remote_spec_in_secure_mode_reads_neither_the_environment_nor_local_files(http_server, tmp_path,
+                                                                                      monkeypatch):
+    _write(tmp_path, "private-0.tar", 1)
+    monkeypatch.setenv("WDS_TOKEN", "s3cr3t")
+    leaking = http_server.put_file("leak.json", json.dumps(
+        {"dataset": [{"shards": http_server.url("data-${TOKEN}.tar")}]}).encode())
+    listing = http_server.put_file("glob.json", json.dumps(
+        {"dataset": [{"shards": f"{tmp_path}/private-*.tar"}]}).encode())
+    assert load_spec(leaking).collections[0].urls == (http_server.url("data-s3cr3t.tar"),)  # as webdataset does
+    assert load_spec(listing).collections[0].urls == (f"{tmp_path}/private-0.tar",)
+    monkeypatch.setenv("WDS_SECURE", "1")
+    with pytest.raises(SpecError, match=r"uses \$\{TOKEN\}, but a spec read from a remote document in secure "
+                                        r"mode may not take values from the environment") as info:
+        list(spec_dataset(leaking))
+    assert "s3cr3t" not in str(info.value)
+    assert not any("s3cr3t" in r.path for r in http_server.requests())
+    assert load_spec(listing).collections[0].urls == (f"{tmp_path}/private-*.tar",)  # not globbed
+    with pytest.raises(wds.ShardError, match="local files are refused in secure mode") as info:
+        list(spec_dataset(listing))
+    assert "private-0" not in str(info.value)
+    program = load_spec({"dataset": [{"shards": "http://data.example/d-${TOKEN}.tar"}]})
+    assert program.collections[0].urls == ("http://data.example/d-s3cr3t.tar",)  # the program's own spec
+
+
+def test_a_spec_url_with_a_query_string_is_a_spec(http_server, tmp_path):
+    """A presigned URL (``spec.yaml?X-Amz-Signature=...``) names a spec as its path does."""
+    _write(tmp_path, "s.tar", 3)
+    url = http_server.put_file("spec.yaml", f"dataset:\n  - shards: {tmp_path}/s.tar\n".encode())
+    samples = list(wds.WebDataset(url + "?X-Amz-Signature=abc", shardshuffle=False))
+    assert [s["__key__"] for s in samples] == ["0000", "0001", "0002"]

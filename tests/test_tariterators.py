@@ -4,8 +4,11 @@ import gzip
 import io
 import os
 import pickle
+import random
+import re
 import tarfile
 import warnings
+import zlib
 
 import pytest
 
@@ -303,3 +306,62 @@ def test_climbing_and_absolute_member_names_are_only_keys(impl, tmp_path, monkey
     ]
     assert _tree(tmp_path) == before
     assert os.path.exists("/abs/x.txt") == absolute
+
+
+def test_a_gzip_bomb_is_refused_at_its_member_header_under_a_memory_limit(tmp_path):
+    """A 2 MB .tar.gz whose member expands to 1.5 GiB: refused, with the shard, the member and
+    the cap named, in a process that could not hold it."""
+    from .bombs import gzip_of_zeros, run_limited
+
+    info = tarfile.TarInfo("z.bomb")
+    info.size = 96 << 24  # 1.5 GiB of zeros
+    head = tar_bytes([("k.txt", b"before")])[:1024] + info.tobuf(tarfile.GNU_FORMAT)
+    path = tmp_path / "bomb.tar.gz"
+    path.write_bytes(gzip_of_zeros(head, info.size, bytes(1024)))
+    assert path.stat().st_size < 4 << 20
+    status, out = run_limited(f"""
+        try:
+            for sample in wdsmp.WebDataset({str(path)!r}, shardshuffle=False):
+                print("sample", sample["__key__"])
+        except Exception as exn:
+            print(type(exn).__name__, exn)
+        """)
+    assert status == 0, out
+    assert "sample k\n" in out  # the sample before the bomb is delivered
+    assert re.search(r"TarFormatError member of 1610612736 bytes, more than the 1073741824 bytes one member "
+                     r"may hold \(max_member_size, or WDSMP_MAX_MEMBER_SIZE\).*shard '.*bomb.tar.gz', "
+                     r"member 'z.bomb'", out), out
+
+
+def test_max_member_size_reaches_the_reader(tmp_path):
+    path = write_tar(tmp_path / "s.tar", [("a.txt", b"a"), ("b.bin", b"b" * 3000)])
+    with pytest.raises(wdsmp.TarFormatError, match="member of 3000 bytes, more than the 2048 bytes"):
+        list(tarfile_samples([path], max_member_size=2048))
+    assert [s["__key__"] for s in tarfile_samples([path], max_member_size=3000)] == ["a", "b"]
+
+
+def test_a_cut_gzip_shard_delivers_every_sample_before_the_cut(impl, tmp_path):
+    """dd-style: the first 10 KiB of a .tgz, read as a pipe. Every sample whose members all
+    lie before the cut comes (the one whose member was cut is named by the error, so the
+    sample before it is known whole), then the error; with a skipping handler, the next shard."""
+    rng = random.Random(0)
+    members = [(f"s{i:03d}.{ext}", rng.randbytes(300) if ext == "bin" else b"%d" % i)
+               for i in range(60) for ext in ("bin", "cls")]
+    data = tar_bytes(members)
+    packed = gzip.compress(data, mtime=0)
+    (tmp_path / "s.tgz").write_bytes(packed)
+    before_cut = len(zlib.decompressobj(31).decompress(packed[:10240]))
+    with tarfile.open(fileobj=io.BytesIO(data)) as archive:
+        whole = [m.name for m in archive if m.offset_data + m.size <= before_cut]
+    complete = [name.split(".")[0] for name in whole if name.endswith(".cls")]
+    url = f"pipe:dd if={tmp_path / 's.tgz'} bs=1024 count=10 2>/dev/null"
+    got = []
+    with pytest.raises(wdsmp.TarFormatError, match="corrupt gzip stream") as info:
+        for sample in wdsmp.WebDataset(url, shardshuffle=False):
+            got.append(sample["__key__"])
+    assert len(complete) > 20 and got == complete
+    assert info.value.member == f"{complete[-1][:1]}{int(complete[-1][1:]) + 1:03d}.bin"
+    ok = write_tar(tmp_path / "ok.tar", [("z.txt", b"z")])
+    skipped = [s["__key__"] for s in wdsmp.WebDataset([url, ok], shardshuffle=False,
+                                                      handler=wdsmp.ignore_and_continue)]
+    assert skipped == got + ["z"]

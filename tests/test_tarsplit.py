@@ -1,6 +1,7 @@
 """The tar splitter, native and pure-Python: formats, streams, and every kind of damage."""
 
 import io
+import os
 import tarfile
 import tracemalloc
 
@@ -109,16 +110,97 @@ def test_bad_bufsize(impl):
         split(tar_bytes(MEMBERS), bufsize=1000)
 
 
-def test_directories_links_and_specials_are_skipped(impl):
+def _with(*entries, members=MEMBERS[:2]):
+    """MEMBERS plus ``(type, name, linkname)`` entries of no data, as tarfile writes them."""
     def extra(tar):
-        for kind, name in [(tarfile.DIRTYPE, "dir"), (tarfile.SYMTYPE, "sym"),
-                           (tarfile.LNKTYPE, "hard"), (tarfile.FIFOTYPE, "fifo")]:
+        for kind, name, linkname in entries:
             info = tarfile.TarInfo(name)
             info.type = kind
-            info.linkname = "a/000.cls"
+            info.linkname = linkname
             tar.addfile(info)
-    data = tar_bytes(MEMBERS[:2], extra=extra)
-    assert [n for n, _, _ in split(data)] == ["a/000.jpg", "a/000.cls"]
+    return tar_bytes(members, extra=extra)
+
+
+def test_directories_are_skipped_and_links_come_with_their_members_data(impl):
+    long_name = "d/" + "x" * 120 + ".jpg"  # a GNU long-name header first: the member starts there
+    data = _with((tarfile.DIRTYPE, "dir", ""), (tarfile.SYMTYPE, "a/000.txt", "000.cls"),
+                 (tarfile.LNKTYPE, "b/000.jpg", "a/000.jpg"), (tarfile.SYMTYPE, "c/x.cls", "../a/000.cls"),
+                 (tarfile.LNKTYPE, long_name, "a/000.jpg"))
+    splitter = tar_splitter_class()(io.BytesIO(data), "shard.tar")
+    members = list(splitter)
+    assert [(name, payload) for name, payload, _ in members] == [
+        ("a/000.jpg", MEMBERS[0][1]), ("a/000.cls", b"3"), ("a/000.txt", b"3"), ("b/000.jpg", MEMBERS[0][1]),
+        ("c/x.cls", b"3"), (long_name, MEMBERS[0][1])]
+    assert [(name, target) for name, target, _ in splitter.links] == [
+        ("a/000.txt", "000.cls"), ("b/000.jpg", "a/000.jpg"), ("c/x.cls", "../a/000.cls"), (long_name, "a/000.jpg")]
+    assert [offset for _, _, offset in splitter.links] == [offset for _, _, offset in members[2:]]
+    assert [offset for _, _, offset in members] == [m[2] for m in expected(data)] + [  # tarfile's offsets
+        info.offset for info in tarfile.open(fileobj=io.BytesIO(data)) if info.islnk() or info.issym()]
+
+
+@pytest.mark.parametrize("kind, name, target, match", [
+    (tarfile.FIFOTYPE, "fifo", "", r"member type '6' \(FIFO\)"),
+    (tarfile.CHRTYPE, "tty", "", r"member type '3' \(character device\)"),
+    (b"M", "cont", "", r"member type 'M' \(an unknown type\)"),
+    (tarfile.LNKTYPE, "b.jpg", "missing.jpg", r"hard link to 'missing.jpg', a member not among the last 64 members and 16 MiB"),
+    (tarfile.SYMTYPE, "b.jpg", "/etc/passwd", r"symbolic link to '/etc/passwd', outside the archive"),
+    (tarfile.SYMTYPE, "b.jpg", "../up.jpg", r"symbolic link to '../up.jpg', outside the archive"),
+])
+def test_members_without_data_of_their_own_are_errors_naming_them(impl, kind, name, target, match):
+    data = _with((kind, name, target))
+    with pytest.raises(wdsmp.TarFormatError, match=match + rf".*shard 'shard.tar', member '{name}', offset 2560"):
+        split(data)
+
+
+def test_a_hard_link_further_back_than_the_window_is_an_error(impl):
+    from wdsmp.tarformat import LINK_WINDOW
+
+    filler = [(f"f{i}.bin", bytes(1 << 20)) for i in range(LINK_WINDOW // (1 << 20) + 1)]
+    data = _with((tarfile.LNKTYPE, "near.bin", filler[-1][0]), members=[("far.bin", b"far")] + filler)
+    assert split(data)[-1][:2] == ("near.bin", bytes(1 << 20))
+    data = _with((tarfile.LNKTYPE, "b.bin", "far.bin"), members=[("far.bin", b"far")] + filler)
+    with pytest.raises(wdsmp.TarFormatError, match="hard link to 'far.bin'.*tar --hard-dereference"):
+        split(data)
+    from wdsmp.tarformat import LINK_MEMBERS
+
+    small = [(f"s{i}.txt", b"%d" % i) for i in range(LINK_MEMBERS)]
+    assert split(_with((tarfile.LNKTYPE, "l.txt", "s0.txt"), members=small))[-1][:2] == ("l.txt", b"0")
+    with pytest.raises(wdsmp.TarFormatError, match="hard link to 's0.txt', a member not among the last 64 members"):
+        split(_with((tarfile.LNKTYPE, "l.txt", "s0.txt"), members=small + [("x.txt", b"x")]))
+
+
+def test_gnu_tar_hard_links_come_whole(impl, tmp_path):
+    """What the tar command writes for files that are hard links of each other."""
+    import shutil
+    import subprocess
+
+    if shutil.which("tar") is None:
+        pytest.skip("no tar command")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.jpg").write_bytes(b"J" * 5000)
+    (tree / "a.cls").write_bytes(b"1")
+    os.link(tree / "a.jpg", tree / "b.jpg")
+    (tree / "b.cls").write_bytes(b"2")
+    subprocess.run(["tar", "cf", str(tmp_path / "s.tar"), "-C", str(tree), "a.cls", "a.jpg", "b.cls", "b.jpg"],
+                   check=True)
+    with tarfile.open(tmp_path / "s.tar") as archive:
+        assert [m.type for m in archive][-1] == tarfile.LNKTYPE  # GNU tar stored b.jpg as a link
+    got = {name: payload for name, payload, _ in split((tmp_path / "s.tar").read_bytes())}
+    assert got == {"a.cls": b"1", "a.jpg": b"J" * 5000, "b.cls": b"2", "b.jpg": b"J" * 5000}
+
+
+def test_a_member_over_the_size_cap_is_refused_before_it_is_read(impl, monkeypatch):
+    data = tar_bytes([("a.txt", b"a"), ("b.bin", b"x" * 5000)])
+    with pytest.raises(wdsmp.TarFormatError, match=r"member of 5000 bytes, more than the 4096 bytes one member "
+                                                   r"may hold.*member 'b.bin', offset 1024"):
+        split(data, max_member_size=4096)
+    monkeypatch.setenv("WDSMP_MAX_MEMBER_SIZE", "4096")
+    with pytest.raises(wdsmp.TarFormatError, match="more than the 4096 bytes"):
+        split(data)
+    assert len(split(data, max_member_size=5000)) == 2
+    with pytest.raises(ValueError, match="max_member_size must be a positive"):
+        split(data, max_member_size=0)
 
 
 def test_old_style_directory_entry_is_skipped(impl):
@@ -145,7 +227,7 @@ def test_gnu_sparse_is_refused(impl):
         split(data)
 
 
-def test_unknown_type_is_skipped_with_its_data(impl):
+def test_volume_labels_are_skipped_with_their_data(impl):
     data = member(b"volume", b"v" * 700, typeflag=b"V") + member(b"ok.txt", b"ok") + END
     assert split(data) == [("ok.txt", b"ok", 1536)]
 

@@ -409,13 +409,73 @@ def test_close_is_idempotent_and_final(tmp_path):
     assert read_members(str(tmp_path / "x.tar")) == {"k.txt": b"x"}
 
 
-def test_context_manager_closes_on_error(tmp_path):
-    path = str(tmp_path / "x.tar")
-    with pytest.raises(RuntimeError):
-        with TarWriter(path) as sink:
-            sink.write({"__key__": "k", "txt": "x"})
+def _interrupted(make_writer, n=3):
+    """Write ``n`` samples into ``make_writer()``, then raise inside its ``with`` block."""
+    with pytest.raises(RuntimeError, match="boom"):
+        with make_writer() as sink:
+            for i in range(n):
+                sink.write({"__key__": f"k{i}", "txt": "x" * 3000})
             raise RuntimeError("boom")
-    assert sink.closed and read_members(path) == {"k.txt": b"x"}
+    return sink
+
+
+@pytest.mark.parametrize("name", ["x.tar", "x.tgz"])
+def test_an_exception_leaves_no_local_archive(tmp_path, name):
+    path = tmp_path / name
+    sink = _interrupted(lambda: TarWriter(str(path)))
+    assert sink.closed and not path.exists() and list(tmp_path.iterdir()) == []
+    sink.close()  # idempotent after the abort, and still no file
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_an_exception_leaves_a_given_stream_open_and_its_archive_unfinished(compress):
+    stream = io.BytesIO()
+    _interrupted(lambda: TarWriter(stream, compress=compress), n=5)
+    assert not stream.closed
+    data = stream.getvalue()
+    import wdsmp
+
+    with pytest.raises(wdsmp.TarFormatError, match="truncated tar archive|corrupt gzip stream"):
+        list(wdsmp.tariterators.tar_file_iterator(io.BytesIO(data)))
+
+
+def test_an_exception_sends_no_end_marker_into_a_pipe(tmp_path):
+    import wdsmp
+
+    out = tmp_path / "piped.tar"
+    _interrupted(lambda: TarWriter(f"pipe:cat > {out}"), n=50)  # more than a pipe holds: cat runs
+    with pytest.raises(wdsmp.TarFormatError, match="truncated tar archive"):
+        list(wdsmp.tariterators.tar_file_iterator(open(out, "rb")))
+    whole = tmp_path / "whole.tar"
+    with TarWriter(f"pipe:cat > {whole}") as sink:  # a normal close ends the archive as before
+        sink.write({"__key__": "k0", "txt": "x"})
+    assert read_members(str(whole)) == {"k0.txt": b"x"}
+
+
+def test_an_exception_uploads_nothing(http_server, s3_server):
+    url = http_server.url("up/x.tar")
+    _interrupted(lambda: TarWriter(url))
+    assert http_server.requests("up/x.tar", "PUT") == []
+    s3_server.create_bucket("shards")
+    _interrupted(lambda: TarWriter("s3://shards/x.tar"))
+    _interrupted(lambda: ShardWriter("s3://shards/s-%d.tar", maxcount=2), n=3)
+    assert [o["Key"] for o in s3_server.client().list_objects_v2(Bucket="shards").get("Contents", [])] == ["s-0.tar"]
+
+
+def test_an_exception_in_a_shardwriter_keeps_finished_shards_and_writes_no_index(tmp_path):
+    index = tmp_path / "index.json"
+    posted = []
+    sink = _interrupted(lambda: ShardWriter(str(tmp_path / "s-%d.tar"), maxcount=2, index=str(index),
+                                            post=posted.append), n=5)
+    assert sink.shards == [str(tmp_path / f"s-{i}.tar") for i in range(3)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s-0.tar", "s-1.tar"]  # the short s-2 is gone
+    assert posted == sink.shards[:2] and not index.exists()
+    assert shard_counts(sink.shards[:2]) == [2, 2]
+    with ShardWriter(str(tmp_path / "t-%d.tar"), maxcount=2, index=str(index)) as whole:
+        for i in range(5):
+            whole.write(small(i))
+    assert json.loads(index.read_text())["shards"][-1] == {"url": "t-2.tar", "samples": 1}
 
 
 def test_tar_formats(tmp_path):

@@ -29,7 +29,13 @@ may unlink it: it does so when it leaves no entry behind, so that no lock file
 outlives its entry. flock locks belong to open files, so a process that opens
 an entry it is itself fetching would wait for itself: it reads that second
 copy uncached instead. A temp whose entry lock can be taken exclusively has
-no writer left (its process died): the next sweep removes it.
+no writer left (its process died): the next sweep removes it. (mark) Before the
+rename, the fetcher writes the entry's size into its lock file; the mark says
+the cache wrote the file. The sweep counts and evicts marked entries only, so
+that other files in the directory (a user's, webdataset's cache files) are
+never removed, and a reader can tell an entry whose size changed since (cut
+short by a full disk or a copy that stopped halfway): ``FileCache`` then
+fetches it again, with a warning.
 """
 
 import fcntl
@@ -49,9 +55,11 @@ __all__ = [
     "LOCK_SUFFIX",
     "CachedFile",
     "EntryLock",
+    "cached_size",
     "claim",
     "fetch",
     "say",
+    "size_problem",
     "sweep",
     "temp_beside",
     "warn",
@@ -60,6 +68,7 @@ __all__ = [
 LOCK_SUFFIX = ".lock"
 _TEMP = re.compile(r"\.(.+)\.\d+\.[0-9a-f]{8}\.tmp\Z", re.S)  # the names temp_beside makes
 _POLL_FIRST, _POLL_MAX = 0.01, 0.25  # seconds between lock attempts, doubling
+_MARK = re.compile(rb"wdsmp cache entry of (\d+) bytes\n\Z")  # a lock file's content (mark)
 
 
 def say(message):
@@ -127,6 +136,14 @@ class EntryLock:
             _EXCLUSIVE_HERE.add((os.getpid(), self.path))
         return True
 
+    def mark(self, size):
+        """Record in the lock file that the cache wrote the entry, ``size`` bytes long
+        (NOTE [cache entry] (mark)); the lock must be held exclusively."""
+        if not self._exclusive or self._fd is None:
+            raise RuntimeError(f"marking {self.entry} needs its exclusive lock")
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, b"wdsmp cache entry of %d bytes\n" % size, 0)
+
     def held_here(self):
         """Whether this process holds the lock exclusively, through another EntryLock."""
         return (os.getpid(), self.path) in _EXCLUSIVE_HERE
@@ -144,6 +161,30 @@ class EntryLock:
                     remove_if_present(self.path)
         finally:
             os.close(fd)
+
+
+def cached_size(entry):
+    """The size ``entry`` had when the cache added it; None when the cache did not write it
+    (no marked lock file beside it: NOTE [cache entry] (mark))."""
+    try:
+        with open(entry + LOCK_SUFFIX, "rb") as f:
+            match = _MARK.match(f.read(64))
+    except OSError:
+        return None
+    return int(match.group(1)) if match else None
+
+
+def size_problem(entry):
+    """Why ``entry`` is not the file the cache added (its size changed since), or None;
+    files the cache did not write are not judged."""
+    recorded = cached_size(entry)
+    try:
+        size = os.path.getsize(entry)
+    except OSError:
+        return None
+    if recorded is None or size == recorded:
+        return None
+    return f"is {size:,} bytes, not the {recorded:,} it had when cached (cut short or changed since)"
 
 
 def _lock_if_free(entry):
@@ -361,6 +402,7 @@ def _add_entry(url, path, temp, lock, *, cache_dir, cache_size, validate, verbos
         if not sweep(cache_dir, cache_size, size, verbose=verbose):
             warn(f"not caching {url}: the cache at {cache_dir} is full of files in use")
             return
+        lock.mark(size)
         put_in_place(temp, path)
         if verbose:
             say(f"[done caching {path}]")
@@ -377,15 +419,17 @@ def _add_entry(url, path, temp, lock, *, cache_dir, cache_size, validate, verbos
 def sweep(cache_dir, cache_size, incoming=0, keyfn=os.path.getmtime, verbose=False):
     """Remove orphaned temps, then evict entries, least recently used first (smallest
     ``keyfn``), until ``incoming`` more bytes fit under ``cache_size`` (None: no cap).
-    Entries in use are kept. True if the bytes fit."""
+    Entries in use are kept; files the cache did not write are neither counted nor
+    removed (NOTE [cache entry] (mark)). True if the bytes fit."""
     entries = []
     for dirpath, _, filenames in os.walk(cache_dir):
+        names = set(filenames)
         for filename in filenames:
             path = os.path.join(dirpath, filename)
             temp = _TEMP.match(filename)
             if temp is not None:
                 _remove_orphan(path, os.path.join(dirpath, temp.group(1)))
-            elif not filename.startswith(".") and not filename.endswith(LOCK_SUFFIX):
+            elif filename + LOCK_SUFFIX in names and cached_size(path) is not None:
                 try:
                     entries.append((keyfn(path), os.path.getsize(path), path))
                 except FileNotFoundError:
@@ -402,11 +446,14 @@ def sweep(cache_dir, cache_size, incoming=0, keyfn=os.path.getmtime, verbose=Fal
 
 
 def _evict(path, verbose):
-    """Remove an entry unless someone holds its lock; True if removed."""
+    """Remove an entry unless someone holds its lock (or it is no longer the cache's); True if
+    removed."""
     lock = _lock_if_free(path)
     if lock is None:
         return False
     try:
+        if cached_size(path) is None:  # replaced meanwhile by a file the cache did not write
+            return False
         remove_if_present(path)
         if verbose:
             say(f"[cache evicting {path}]")

@@ -54,6 +54,24 @@ def worker_num_workers():
     return _index_pair("WORKER", "NUM_WORKERS")
 
 
+def max_member_size():
+    """``WDSMP_MAX_MEMBER_SIZE``: the most bytes one tar member, or one decompressed ``.gz``
+    field, may hold; None when unset."""
+    return _positive_int_var("WDSMP_MAX_MEMBER_SIZE")
+
+
+def max_image_pixels():
+    """``WDSMP_MAX_IMAGE_PIXELS``: the most pixels one image may decode to; None when unset."""
+    return _positive_int_var("WDSMP_MAX_IMAGE_PIXELS")
+
+
+def _positive_int_var(name):
+    value = _int_var(name)
+    if value is not None and value < 1:
+        raise ValueError(f"environment variable {name}={value} must be positive")
+    return value
+
+
 def wds_variable(name):
     """``WDS_<name>``, the value of ``${name}`` in a shard spec; None when unset."""
     return os.environ.get("WDS_" + name)
@@ -131,3 +149,9 @@ def cache_size():
 def verbose_cache():
     """``WDS_VERBOSE_CACHE=1``: say what the shard cache does, on stderr."""
     return _flag("WDS_VERBOSE_CACHE")
+
+
+def user_cache_dir():
+    """The user's cache directory for wdsmp: ``$XDG_CACHE_HOME/wdsmp``, else ``~/.cache/wdsmp``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "wdsmp")

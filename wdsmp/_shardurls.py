@@ -40,8 +40,10 @@ def envsubst(s):  # webdataset's parameter name
 
 
 def _globbed(url):
-    """A local glob pattern becomes the sorted files it matches; anything else stays."""
-    if "{" in url or local_path(url) != url or not glob.has_magic(url) or os.path.exists(url):
+    """A local glob pattern becomes the sorted files it matches; anything else stays. Not in
+    secure mode, which refuses local files: this machine's files are not listed for a spec
+    that may come from anywhere."""
+    if "{" in url or local_path(url) != url or not glob.has_magic(url) or os.path.exists(url) or _env.secure():
         return [url]  # a URL with a scheme, an escaped brace, or a literal file name
     matches = sorted(glob.glob(url))
     if not matches:
@@ -49,22 +51,39 @@ def _globbed(url):
     return matches
 
 
-def expand_urls(urls):
+def _untrusted(spec):
+    """``spec`` unchanged, unless it names a variable: a spec from a remote document may not
+    read this machine's environment (its value would go out in the URLs fetched)."""
+    match = _VARIABLE.search(spec)
+    if match is not None:
+        raise ValueError(f"shard spec uses ${{{match.group(1)}}}, but a spec read from a remote document in "
+                         f"secure mode may not take values from the environment")
+    return spec
+
+
+def expand_urls(urls, trusted=True):
     """A shard spec to a list of URLs.
 
     A string is split at ``::``, gets ``${name}`` replaced by ``WDS_name`` and
     is brace-expanded (``"a-{000..009}.tar::b-{0..3}.tar"``); each element of a
     list is brace-expanded. Local paths with ``*``, ``?`` or ``[...]`` are then
-    globbed, sorted; a pattern matching nothing is a ValueError.
+    globbed, sorted, except in secure mode (``WDS_SECURE=1``), where gopen
+    refuses local files anyway; a pattern matching nothing is a ValueError.
+
+    ``trusted=False`` is for specs from a remote document in secure mode: a
+    ``${name}`` is a ValueError, so the environment's values stay here.
     """
+    substitute = envsubst if trusted else _untrusted
     if isinstance(urls, (str, os.PathLike)):
-        specs = [envsubst(s) for s in _LIST_SEPARATOR.split(os.fspath(urls))]
+        specs = [substitute(s) for s in _LIST_SEPARATOR.split(os.fspath(urls))]
     else:
         specs = [os.fspath(u) if isinstance(u, os.PathLike) else u for u in urls]
     result = []
     for spec in specs:
         if not isinstance(spec, str):
             raise TypeError(f"shard URLs must be strings, not {type(spec).__name__}: {spec!r}")
+        if not trusted:
+            substitute(spec)
         for url in expand_braces(spec, "shard spec"):
             result.extend(_globbed(url))
     return result

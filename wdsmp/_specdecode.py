@@ -28,7 +28,7 @@ import io
 import numpy as np
 
 from . import native
-from .imagesize import jpeg_size
+from .imagesize import check_before_opening, check_budget, check_size, jpeg_size
 
 __all__ = ["decode_image", "jpeg_image"]
 
@@ -36,12 +36,15 @@ _PIL_MODES = {"l": "L", "rgb": "RGB", "rgba": "RGBA"}
 _JPEG_COLORSPACES = {"rgb": "RGB", "rgba": "RGBA"}
 
 
-def jpeg_image(data, mode):
+def jpeg_image(data, mode, budget):
     """A Pillow image in ``mode`` (``"RGB"``, ``"L"`` or ``"RGBA"``) of JPEG bytes, the same as
     Pillow's open, load and convert give, decoded by libjpeg-turbo into the image's memory
-    (NOTE [same pixels]); None to leave it to Pillow."""
-    if jpeg_size(data) is None:
+    (NOTE [same pixels]); None to leave it to Pillow. ImageTooLarge, before anything is
+    decoded, for more than ``budget`` pixels."""
+    size = jpeg_size(data)
+    if size is None:
         return None
+    check_budget(*size, budget, "the JPEG image")
     import PIL.Image
 
     try:
@@ -71,12 +74,14 @@ def jpeg_image(data, mode):
     return image if image.mode == mode else image.convert(mode)
 
 
-def _jpeg_pixels(data, mode):
+def _jpeg_pixels(data, mode, budget):
     """HxWxC uint8 pixels (RGB or RGBA) of a JPEG through libjpeg-turbo; None to leave it to
     Pillow (CMYK/YCCK files, which libjpeg-turbo converts by another formula than Pillow's,
     damaged ones, and what simplejpeg does not read)."""
-    if jpeg_size(data) is None:
+    size = jpeg_size(data)
+    if size is None:
         return None
+    check_budget(*size, budget, "the JPEG image")
     import simplejpeg
 
     try:
@@ -85,30 +90,36 @@ def _jpeg_pixels(data, mode):
         return None
 
 
-def _pil_image(data, mode):
-    """Pillow's open, load and convert, as webdataset decodes every image."""
+def _pil_image(data, mode, budget):
+    """Pillow's open, load and convert, as webdataset decodes every image; its size held to the
+    limits and to ``budget`` once the header is read, before the pixels are."""
     import PIL.Image
 
+    check_before_opening(data, budget)
     with io.BytesIO(data) as stream:
         image = PIL.Image.open(stream)
+        what = f"the {image.format} image"
+        check_size(image.height, image.width, what)
+        check_budget(image.height, image.width, budget, what)
         image.load()
     return image.convert(mode)
 
 
-def decode_image(data, atype, etype, mode):
+def decode_image(data, atype, etype, mode, budget):
     """Image bytes as the spec's array type (``"pil"``, ``"numpy"``, ``"torch"``), element type
-    (``"uint8"``, ``"float"``) and mode (``"l"``, ``"rgb"``, ``"rgba"``) say."""
+    (``"uint8"``, ``"float"``) and mode (``"l"``, ``"rgb"``, ``"rgba"``) say; ImageTooLarge for
+    an image of more than ``budget`` pixels, before it is decoded."""
     target = _PIL_MODES[mode]
     if atype == "pil":
-        image = jpeg_image(data, target)
-        return _pil_image(data, target) if image is None else image
+        image = jpeg_image(data, target, budget)
+        return _pil_image(data, target, budget) if image is None else image
     if mode == "l":  # Pillow's RGB to L formula, not libjpeg-turbo's luma
-        image = jpeg_image(data, target)
-        pixels = np.asarray(_pil_image(data, target) if image is None else image)
+        image = jpeg_image(data, target, budget)
+        pixels = np.asarray(_pil_image(data, target, budget) if image is None else image)
     else:
-        pixels = _jpeg_pixels(data, mode)
+        pixels = _jpeg_pixels(data, mode, budget)
         if pixels is None:
-            pixels = np.asarray(_pil_image(data, target))
+            pixels = np.asarray(_pil_image(data, target, budget))
     if etype == "float":
         pixels = pixels.astype(np.float32)
         np.divide(pixels, 255.0, out=pixels)

@@ -23,7 +23,12 @@ Where webdataset differs, on purpose:
   example), not only a field named exactly ``png``;
 - image specs are case-insensitive (``"PIL"``), a missing torchvision or
   torchaudio is a DecodeError naming the package, and ``.msgpack`` is decoded
-  as the writer encodes it.
+  as the writer encodes it;
+- what one field may cost is bounded: a ``.gz`` field expanding past
+  ``max_field_size`` bytes (default ``WDSMP_MAX_MEMBER_SIZE``, else 1 GiB) and
+  an image of more pixels than ``max_image_pixels`` (default
+  ``WDSMP_MAX_IMAGE_PIXELS``, else 64 Mi; see :mod:`wdsmp.imagesize`) are
+  refused before they are decompressed or decoded.
 
 NOTE [unsafe decoders]: unpickling runs whatever code the data names, so a
 shard from anywhere could take over the process. wdsmp decodes pickles only
@@ -35,20 +40,22 @@ and it has had holes (CVE-2025-32434).
 """
 
 import functools
-import gzip
 import importlib
 import io
 import json
 import os
 import pickle
 import tempfile
+import zlib
 from collections.abc import Mapping
 
 import numpy as np
 
 from . import _env
-from .errors import DecodeError
 from ._specdecode import decode_image
+from .errors import DecodeError
+from .imagesize import image_pixel_budget
+from .tarformat import member_size_limit
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -57,6 +64,7 @@ __all__ = [
     "DecodedSamples",
     "Decoder",
     "DecodingError",
+    "GzipFilter",
     "ImageHandler",
     "basichandlers",
     "call_extension_handler",
@@ -297,10 +305,11 @@ class ImageHandler:
     ``l``/``rgb``/``rgba``: the same as float32 in [0, 1]; ``torch*``: torch
     tensors, CxHxW (HxW for ``l``), uint8 for the ``8`` specs, float32 for the
     rest (``torch`` is ``torchrgb``); ``pil``/``pilrgb``/``pill``/``pilrgba``:
-    PIL images in mode RGB, L, RGBA.
+    PIL images in mode RGB, L, RGBA. An image of more than ``max_pixels`` pixels
+    (default: ``imagesize.image_pixel_budget()``) is refused before it is decoded.
     """
 
-    def __init__(self, imagespec, extensions=IMAGE_EXTENSIONS):
+    def __init__(self, imagespec, extensions=IMAGE_EXTENSIONS, max_pixels=None):
         spec = imagespec.lower() if isinstance(imagespec, str) else imagespec
         if spec not in imagespecs:
             raise ValueError(f"unknown image spec {imagespec!r}; known: {', '.join(imagespecs)}")
@@ -309,19 +318,21 @@ class ImageHandler:
             extensions = extensions.split()
         self.extensions = frozenset(e.lower() for e in extensions)
         self._spec = imagespecs[spec]
+        self.max_pixels = max_pixels
+        image_pixel_budget(max_pixels)  # a bad value fails here, not at the first image
 
     def __call__(self, key, data):
         if key.rpartition(".")[2].lower() not in self.extensions:
             return None
-        return decode_image(data, *self._spec)
+        return decode_image(data, *self._spec, image_pixel_budget(self.max_pixels))
 
     def __repr__(self):
         return f"ImageHandler({self.imagespec!r})"
 
 
-def imagehandler(imagespec, extensions=IMAGE_EXTENSIONS):
+def imagehandler(imagespec, extensions=IMAGE_EXTENSIONS, max_pixels=None):
     """An :class:`ImageHandler` (webdataset's lowercase spelling)."""
-    return ImageHandler(imagespec, extensions)
+    return ImageHandler(imagespec, extensions, max_pixels)
 
 
 # Video and audio, through a temporary file as their readers want a path.
@@ -362,6 +373,9 @@ def torch_audio(key, data):
 # Continuing and decompressing.
 
 
+_GUNZIP_STEP = 16 << 20
+
+
 class Continue:
     """What a handler returns to hand on a rewritten field (new name, new bytes).
 
@@ -373,11 +387,47 @@ class Continue:
         self.key, self.data = key, data
 
 
-def gzfilter(key, data):
-    """Unpacks ``.gz`` fields and hands them on under the name without ``.gz``."""
-    if key[-3:].lower() != ".gz":
-        return None
-    return Continue(key[:-3], gzip.decompress(data))
+def gunzip(data, limit):
+    """The bytes of gzip ``data`` (members concatenated, zero padding between them allowed),
+    decompressed 16 MiB at a time and refused with a DecodeError once they pass ``limit``
+    bytes, so that a bomb costs at most ``limit``."""
+    parts, size = [], 0
+    while data:
+        unpacker = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        pending = data
+        while not unpacker.eof:
+            part = unpacker.decompress(pending, min(limit + 1 - size, _GUNZIP_STEP))
+            pending = unpacker.unconsumed_tail
+            if not part and not pending:
+                raise EOFError("compressed data ended before the end-of-stream marker was reached")
+            size += len(part)
+            if size > limit:
+                raise DecodeError(f"the .gz field expands to more than {limit} bytes (max_field_size, or "
+                                  f"WDSMP_MAX_MEMBER_SIZE): refusing to decompress it")
+            parts.append(part)
+        data = unpacker.unused_data.lstrip(b"\0")
+    return b"".join(parts)
+
+
+class GzipFilter:
+    """Unpacks ``.gz`` fields and hands them on under the name without ``.gz``; a field that
+    would expand past ``max_size`` bytes (default: ``WDSMP_MAX_MEMBER_SIZE``, else 1 GiB) is
+    refused (see :func:`gunzip`)."""
+
+    def __init__(self, max_size=None):
+        self.max_size = max_size
+        member_size_limit(max_size, "max_field_size")  # a bad value fails here
+
+    def __call__(self, key, data):
+        if key[-3:].lower() != ".gz":
+            return None
+        return Continue(key[:-3], gunzip(data, member_size_limit(self.max_size, "max_field_size")))
+
+    def __repr__(self):
+        return f"GzipFilter(max_size={self.max_size!r})"
+
+
+gzfilter = GzipFilter()
 
 
 default_pre_handlers = [gzfilter]
@@ -405,13 +455,18 @@ class DecodingError(DecodeError):
         return (type(self), (self.url, self.key, self.k, None, self.problem))
 
 
-def _handler(h, unsafe):
-    """A handler from a Decoder argument: an image spec string or a callable."""
+def _handler(h, unsafe, max_field_size, max_image_pixels):
+    """A handler from a Decoder argument: an image spec string or a callable; the defaults
+    exchanged for ones that carry the Decoder's opt-in to pickles and its limits."""
     if isinstance(h, str):
-        return imagehandler(h)
+        return imagehandler(h, max_pixels=max_image_pixels)
     if not callable(h):
         raise TypeError(f"a decoder handler must be callable or an image spec string, not {h!r}")
-    return _unsafe_basichandlers if unsafe and h is basichandlers else h
+    if unsafe and h is basichandlers:
+        return _unsafe_basichandlers
+    if max_field_size is not None and h is gzfilter:
+        return GzipFilter(max_field_size)
+    return h
 
 
 class Decoder:
@@ -425,7 +480,9 @@ class Decoder:
     limits decoding to those fields. A field that is not bytes is an error
     unless ``partial=True``, which leaves it as it is; a field no handler
     takes stays bytes either way. ``unsafe=True`` allows pickles (NOTE
-    [unsafe decoders]). As in webdataset, the positional form
+    [unsafe decoders]). ``max_field_size`` caps what a ``.gz`` field may expand
+    to, ``max_image_pixels`` the pixels of an image given as a spec string
+    (defaults: module docstring). As in webdataset, the positional form
     ``Decoder(handlers, pre, post, only, partial)`` works with a list first.
 
     Keys starting with ``__`` are metadata: passed on, bytes made str when
@@ -435,7 +492,8 @@ class Decoder:
     (webdataset's older form) returns a DataPipeline of decoded samples.
     """
 
-    def __init__(self, *handlers, pre=None, post=None, only=None, partial=False, unsafe=False, **kw):
+    def __init__(self, *handlers, pre=None, post=None, only=None, partial=False, unsafe=False,
+                 max_field_size=None, max_image_pixels=None, **kw):
         if "handlers" in kw:  # Decoder(handlers=[...]), webdataset's keyword
             if handlers:
                 raise TypeError("give Decoder handlers as arguments or as handlers=, not both")
@@ -453,7 +511,8 @@ class Decoder:
             only, partial = given.get("only", only), given.get("partial", partial)
         pre = default_pre_handlers if pre is None else pre
         post = default_post_handlers if post is None else post
-        self.handlers = tuple(_handler(h, unsafe) for h in [*pre, *handlers, *post])
+        self.handlers = tuple(_handler(h, unsafe, max_field_size, max_image_pixels)
+                              for h in [*pre, *handlers, *post])
         if isinstance(only, str):
             only = only.split()
         self.only = None if only is None else frozenset(only)

@@ -47,6 +47,14 @@ window held (a loader whose memory grows with epochs or data shows it); other lo
 rest of the machine used meanwhile (all cores busy, hypervisor steal
 included, minus ours), so a figure taken while something else ran shows it.
 The shards are read once first, so they come from the page cache.
+
+Where the time goes: each loader round also records when each batch arrived
+(``Result.series``) and the workers' time per image by stage
+(``Result.stages``, in ``STAGE_GROUPS``): FastLoader's from ``loader.stats``, the
+DataLoader pipeline's from ``DataPipeline.with_stage_times()`` (timing costs
+well under a microsecond per stage and image), the ceiling's decode. The
+FastLoader note names its bottleneck (``loader.stats["bottleneck"]``).
+``benchplot.draw`` turns the best rounds into a picture.
 """
 
 import json
@@ -66,15 +74,22 @@ from PIL import Image
 
 import wdsmp
 
-from . import (DataPipeline, FastLoader, SimpleShardList, batched, decode, map_tuple, split_by_worker,
+from . import (DataPipeline, FastLoader, SimpleShardList, batched, decode, map_tuple, native, split_by_worker,
                tarfile_to_samples, to_tuple)
 
-__all__ = ["BASELINE", "CONTENDERS", "CROP_SIZE", "SWAP_CONTENDERS", "Corpus", "Result", "as_json", "best",
-           "contenders", "header", "machine", "open_corpus", "run", "summary"]
+__all__ = ["BASELINE", "CONTENDERS", "CROP_SIZE", "STAGE_GROUPS", "SWAP_CONTENDERS", "Corpus", "Result", "as_json",
+           "best", "contenders", "header", "machine", "open_corpus", "picture", "region_decoding", "run", "summary"]
 
 BASELINE = "DataLoader pipeline"
 CROP_SIZE = 224
 CEILING_WARMUP_IMAGES = 50
+# The stages of the per-image time, in the picture's order, and what each holds.
+STAGE_GROUPS = {
+    "read shards": ("fetch", "split", "tarfile_samples"),
+    "decode": ("decode",),
+    "crop, resize, flip": ("resize", "map_tuple"),
+    "batch": ("write", "batched"),
+}
 
 
 @dataclass
@@ -137,6 +152,8 @@ class Result:
     pss_growth: int = None
     images: int = None
     note: str = None
+    series: list = None  # [(seconds since the loader was made, images delivered so far)], batch by batch
+    stages: dict = None  # {STAGE_GROUPS name or "other": worker milliseconds per image}
 
 
 class RandomResizedCropFlip:
@@ -246,29 +263,46 @@ def _endless(iterable):
         yield from iterable
 
 
-def measure_loader(make_loader, args):
+def grouped(milliseconds):
+    """``{stage: ms per image}`` summed into ``STAGE_GROUPS`` (the rest as "other")."""
+    groups = dict.fromkeys([*STAGE_GROUPS, "other"], 0.0)
+    for stage, value in milliseconds.items():
+        group = next((name for name, members in STAGE_GROUPS.items() if stage in members), "other")
+        groups[group] += value
+    return groups
+
+
+def measure_loader(make_loader, args, stages=None):
     """Run the loader ``make_loader()`` returns (batches of (images, labels)): images per second
-    after warm-up, first-batch latency, CPU cores busy, peak PSS."""
+    after warm-up, first-batch latency, CPU cores busy, peak PSS, when each batch came, and
+    ``stages(loader)`` (``Result.stages``) at the end."""
     with ProcessTree() as tree:
         start = time.perf_counter()
-        batches = _endless(make_loader())
-        next(batches)
+        loader = make_loader()
+        batches = _endless(loader)
+        delivered = len(next(batches)[1])
         first_batch = time.perf_counter() - start
+        series = [(first_batch, delivered)]
         while time.perf_counter() - start < first_batch + args.warmup:
-            next(batches)
+            delivered += len(next(batches)[1])
+            series.append((time.perf_counter() - start, delivered))
         cpu_before, machine_before = tree.cpu_seconds(), machine_busy_seconds()
         pss_before = tree.pss()
         window_start = time.perf_counter()
         images = 0
         while time.perf_counter() - window_start < args.seconds:
             images += len(next(batches)[1])
+            series.append((time.perf_counter() - start, delivered + images))
         window = time.perf_counter() - window_start
         cpu_after, machine_after = tree.cpu_seconds(), machine_busy_seconds()
         pss_growth = tree.pss() - pss_before
-        del batches  # stops the workers before the PSS sampler's last look
+        per_image = stages(loader) if stages is not None else None
+        note = loader.stats["bottleneck"] if isinstance(loader, FastLoader) else None
+        del batches, loader  # stops the workers before the PSS sampler's last look
     busy = sum(seconds - cpu_before.get(key, 0.0) for key, seconds in cpu_after.items())
     other = machine_after - machine_before - busy
-    return Result(images / window, first_batch, busy / window, tree.peak_pss, other / window, pss_growth, images)
+    return Result(images / window, first_batch, busy / window, tree.peak_pss, other / window, pss_growth, images,
+                  series=series, stages=per_image, note=note and f"FastLoader: {note}")
 
 
 def make_dataloader(corpus, args):
@@ -281,14 +315,21 @@ def make_dataloader(corpus, args):
         to_tuple("jpg;ppm", "cls"),
         map_tuple(RandomResizedCropFlip(CROP_SIZE), None),
         batched(args.batch_size),
-    )
+    ).with_stage_times()
     return torch.utils.data.DataLoader(dataset, num_workers=args.workers, batch_size=None,
                                        persistent_workers=True)
 
 
+def pipeline_stages(loader):
+    """The DataLoader's workers' milliseconds per image, by ``STAGE_GROUPS``."""
+    figures = loader.dataset.stage_times()
+    images = next(f["items"] for f in figures if f["stage"] == "to_tuple")
+    return grouped({f["stage"]: f["seconds"] * 1e3 / max(images, 1) for f in figures})
+
+
 def dataloader_pipeline(corpus, args):
     """The baseline: ``make_dataloader`` measured."""
-    return measure_loader(lambda: make_dataloader(corpus, args), args)
+    return measure_loader(lambda: make_dataloader(corpus, args), args, pipeline_stages)
 
 
 def user_webdataset_loader(wds, corpus, args):
@@ -353,14 +394,20 @@ def decode_ceiling(corpus, args):
     note = (f"decode-only ceiling: one core decodes {rate:,.0f} images/s ({1e3 / rate:.2f} ms per image; "
             f"{images:,} images, {jpegs:,} of them JPEGs of {jpeg_bytes / max(jpegs, 1) / 1e3:.1f} KB on "
             f"average) x {args.workers} workers")
-    return Result(rate * args.workers, other_cores=other / window, note=note)
+    return Result(rate * args.workers, other_cores=other / window, note=note, stages={"decode": 1e3 / rate})
+
+
+def fastloader_stages(loader):
+    """FastLoader's workers' milliseconds per image, by ``STAGE_GROUPS`` (waiting for slots left out)."""
+    stages = loader.stats["stages"]
+    return grouped({name: stage["ms_per_image"] for name, stage in stages.items() if name != "slot_wait"})
 
 
 def fastloader(corpus, args):
     """wdsmp's FastLoader on the same shards, with the sample counts of the corpus's index."""
     index = os.path.join(corpus.directory, "index.json")
     return measure_loader(lambda: FastLoader(index, args.batch_size, num_workers=args.workers,
-                                             image_size=CROP_SIZE), args)
+                                             image_size=CROP_SIZE), args, fastloader_stages)
 
 
 # Name -> function(corpus, args) -> Result, in the order they run; BASELINE first.
@@ -419,9 +466,18 @@ def machine():
             f"simplejpeg {simplejpeg.__version__}, Pillow {Image.__version__}")
 
 
+def region_decoding():
+    """Whether FastLoader decodes only the region of a JPEG its crop needs, in words."""
+    if native.jpeg_region_available():
+        return "on (FastLoader decodes only the part of each JPEG its crop needs)"
+    return ("off (wdsmp._jpegregion is not in use: FastLoader decodes whole JPEGs; `wdsmp doctor` says why, "
+            "README.md how to build it)")
+
+
 def header(command, corpus):
-    """What a run is: the command, the corpus and the machine, as ``#`` lines."""
-    return f"# {command}\n# corpus: {corpus.describe()}\n# machine: {machine()}"
+    """What a run is: the command, the corpus, the machine and region decoding, as ``#`` lines."""
+    return (f"# {command}\n# corpus: {corpus.describe()}\n# machine: {machine()}\n"
+            f"# region decoding: {region_decoding()}")
 
 
 def run(corpus, args, log=None):
@@ -479,7 +535,24 @@ def summary(rounds, corpus):
     return table(results, corpus.index["samples"]) + "\n\n" + "\n".join(notes)
 
 
+def picture(rounds, corpus, args):
+    """Draw the best rounds (``benchplot.draw``) to ``args.plot``; a ``#`` line saying where,
+    or why there is no picture (matplotlib missing)."""
+    from . import benchplot
+
+    index = corpus.index
+    title = (f"{index['samples']:,} JPEGs of ~{index['mean_width']}x{index['mean_height']} px, {args.workers} workers, "
+             f"batches of {args.batch_size}, crop to {CROP_SIZE}; region decoding "
+             f"{'on' if native.jpeg_region_available() else 'off'}; {os.cpu_count()} cores")
+    try:
+        benchplot.draw(best(rounds), args.plot, title)
+    except ImportError as exn:
+        return f"# no picture: {exn}"
+    return f"# picture: {args.plot}"
+
+
 def as_json(rounds):
-    """``{name: {best round's figures..., "rounds": [images/s of each round]}}``."""
-    return {name: dict(asdict(result), rounds=[r.images_per_s for r in rounds[name]])
+    """``{name: {best round's figures..., "rounds": [images/s of each round]}}``, without the
+    batch-by-batch series."""
+    return {name: dict(asdict(result), series=None, rounds=[r.images_per_s for r in rounds[name]])
             for name, result in best(rounds).items()}

@@ -17,8 +17,10 @@ the protocol):
 - a full disk, or any other error writing the cache, never stops training:
   reading goes on from the source, uncached, with a warning;
 - ``cache_size`` caps the bytes of cache files, least recently used first out,
-  never one another process is reading;
-- a cached file that is not a tar (or gzip) archive is replaced, with a warning.
+  never one another process is reading, and never a file the cache did not write
+  (a user's file in ``cache_dir`` is neither counted nor removed);
+- a cached file that is not a tar (or gzip) archive, or whose size changed since it
+  was cached (cut short), is replaced, with a warning.
 
 Local paths and ``file:`` URLs are never cached, as they are already local
 (``always=True`` caches them too, for slow network filesystems); nor is ``-``.
@@ -52,6 +54,7 @@ from ._cacheentry import (
     claim,
     fetch,
     say,
+    size_problem,
     sweep,
     temp_beside,
     warn,
@@ -313,9 +316,9 @@ class FileCache:
     shard larger than the cap is not cached (with a warning). ``url_to_name``
     (or ``cache_name``, the name webdataset's documentation uses): the cache
     file's name for a URL, a relative path (default :func:`url_to_name`).
-    ``validator(path)``: whether a cache file is fit to read; one that is not is
-    removed and fetched again, with a warning (default :func:`check_tar_format`;
-    None trusts every file). ``lock_timeout``: seconds to wait while another
+    ``validator(path)``: whether a cache file is fit to read; one that is not, or
+    whose size is not the one it was cached with, is removed and fetched again,
+    with a warning (default :func:`check_tar_format`; None trusts every file). ``lock_timeout``: seconds to wait while another
     process fetches the same URL, after which the shard is read from its source
     without caching, with a warning. ``always``: cache local files too.
     ``verbose``: say what the cache does, on stderr. ``handler``: what an error
@@ -387,10 +390,13 @@ class FileCache:
         return gopen(url)
 
     def _unfit(self, path):
-        """Why the cache file at ``path`` may not be read (``validator`` rejects it), or None."""
-        if self.validator is None or self.validator(path):
+        """Why the cache file at ``path`` may not be read (its size changed since it was cached,
+        or ``validator`` rejects it), or None; with ``validator=None`` every file is read."""
+        if self.validator is None:
             return None
-        return f"is not a tar archive ({get_filetype(path)})"
+        if not self.validator(path):
+            return f"is not a tar archive ({get_filetype(path)})"
+        return size_problem(path)
 
     def get_file(self, url):
         """The path of ``url``'s cache file, fetching it whole first if needed (local

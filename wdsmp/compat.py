@@ -9,6 +9,8 @@ workers and rebatched after the loader. ``Processor`` keeps the older
 ``wds.Processor(wds.map, f)(dataset)`` form working.
 """
 
+from urllib.parse import urlsplit
+
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import _env, filters, shardlists
@@ -142,9 +144,14 @@ def check_empty(source):
 
 
 def _is_spec(urls):
+    """A dataset spec: a dict, or a YAML/JSON document's path or URL (a URL's query string,
+    as a presigned URL has, not counted)."""
     if isinstance(urls, dict):
         return True
-    return isinstance(urls, str) and urls.endswith((".yaml", ".yml", ".json"))
+    if not isinstance(urls, str):
+        return False
+    path = urlsplit(urls).path if "://" in urls else urls
+    return path.endswith((".yaml", ".yml", ".json"))
 
 
 class WebDataset(FluidInterface, DataPipeline):

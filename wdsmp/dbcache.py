@@ -12,11 +12,16 @@ A pass that stops early (the consumer breaks out) keeps what it stored; the
 next pass reads the source again from its start, storing the samples not yet
 stored and passing the others through.
 
-Samples are stored pickled, under the value of their ``key`` field
-(``__key__``), or a hash of their pickled bytes when they have none (tuples,
-decoded samples without keys): a sample whose key is already stored is not
-stored twice. Pickle is safe here because only DBCache writes the database; do
-not point it at a file from someone else.
+Samples are stored under the value of their ``key`` field (``__key__``), or a
+hash of their stored bytes when they have none (tuples, decoded samples without
+keys): a sample whose key is already stored is not stored twice. They are stored
+in a format whose reading runs no code (:mod:`wdsmp.samplecodec`: what samples
+are made of, bytes, numbers, text, containers, arrays, tensors, images); a
+sample holding other objects is pickled, as webdataset's DBCache pickles every
+sample, and files written so (or by an older wdsmp) are read as before. Under
+``WDS_SECURE=1`` nothing is pickled or unpickled: such a sample, or a file
+holding pickles, is a ValueError, so a cache file from elsewhere cannot run
+code.
 
 Several processes can share one file: the database uses SQLite's WAL journal
 (readers never block the writer) and a busy timeout, every insert is its own
@@ -30,12 +35,12 @@ sample once, not once per worker.
 
 import hashlib
 import os
-import pickle
 import sqlite3
 import sys
 
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .samplecodec import SampleCodec
 from .validation import is_int
 
 __all__ = ["DBCache"]
@@ -77,6 +82,7 @@ class DBCache(IterableDataset):
         self.timeout = timeout
         self._db = None
         self._pid = None
+        self._codec = SampleCodec(f"DBCache {self.fname!r}")
         if self.fname is not None:
             self._say(f"[DBCache opened {self.fname} size {size} total {self._count(self._connect())}]")
 
@@ -123,7 +129,7 @@ class DBCache(IterableDataset):
             return
         self._say(f"[DBCache total {total} size {self.size} more caching]")
         for sample in self.dataset:
-            data = pickle.dumps(sample, protocol=pickle.HIGHEST_PROTOCOL)
+            data = self._codec.dumps(sample)
             stored = db.execute(_INSERT, (self._sample_key(sample, data), data, self.size)).rowcount
             total = self._count(db)  # other processes may be filling it too
             if stored or total < self.size:
@@ -144,7 +150,7 @@ class DBCache(IterableDataset):
             args += [worker.num_workers, worker.id]
         query += " ORDER BY random()" if self.shuffle else " ORDER BY id"
         for (data,) in db.execute(query, args):
-            yield pickle.loads(data)
+            yield self._codec.loads(data)
 
     def __getstate__(self):
         state = dict(self.__dict__)

@@ -49,12 +49,13 @@ NOTE [plan: exactly once, equal batches]
       several makes their batches interleaved in delivery order. Every stream
       goes on from where it stood, and the batches come in the order of a
       run that was never stopped.
-    * "shards" mode (some count unknown): shard granularity. The epoch's
-      order is cut into world equal runs of whole shards: floor(S / world)
-      each (drop, the rest in ``dropped``) or ceil(S / world) (pad, repeated
-      shards marked ``pad``); shard j of a rank goes to stream j % S. Every
-      shard is read once, but batch counts are unknown and may differ between
-      ranks: for DDP give counts (from an index) or use resampled mode. The
+    * "shards" mode (some count unknown, or ``exact=False``): shard
+      granularity. The epoch's order is cut into world equal runs of whole
+      shards: floor(S / world) each (drop, the rest in ``dropped``) or
+      ceil(S / world) (pad, repeated shards marked ``pad``); shard j of a
+      rank goes to stream j % S. Every shard is read once, but batch counts
+      are unknown and may differ between ranks: for DDP give counts (from an
+      index) or use resampled mode. The
       loader delivers round robin, skipping streams that are done, so a
       position needs ``worker_batches`` (what each stream delivered), and a
       stream reads and drops ``StreamPlan.discard`` samples before its first
@@ -270,6 +271,36 @@ class EpochPlan:
         """Batches left to deliver on this rank (None when unknown)."""
         return None if self.batches_per_rank is None else self.batches_per_rank - self.batches_done
 
+    @property
+    def repeated(self):
+        """The ranges this rank reads a second time in the epoch (``ShardRange.pad``)."""
+        return tuple(r for stream in self.streams for r in stream.ranges if r.pad)
+
+    def notice(self):
+        """In "shards" mode, a sentence naming the shards and samples the epoch leaves out (said by
+        rank 0 only: every rank has the same) or this rank reads twice; None when there are none
+        or the epoch is exact."""
+        dropped = self.dropped if self.rank == 0 else ()
+        if self.mode != "shards" or not (dropped or self.repeated):
+            return None
+        parts = [f"{_amount(ranges)} {what}" for ranges, what in ((dropped, "read by no rank"),
+                                                                    (self.repeated, f"read twice by rank {self.rank}"))
+                 if ranges]
+        return (f"epoch {self.epoch} deals out whole shards to ranks (exact=False, or sample counts unknown): "
+                f"{' and '.join(parts)}, by policy={self.policy!r}; ranks may hand out different numbers of "
+                f"batches. Exact epochs need every shard's sample count (a shard index) and exact=True")
+
+
+def _range_samples(ranges):
+    """The samples of ``ranges``; None when a count is unknown."""
+    return None if any(r.count is None for r in ranges) else sum(r.count for r in ranges)
+
+
+def _amount(ranges):
+    shards, samples = len(ranges), _range_samples(ranges)
+    counted = "samples unknown" if samples is None else f"{samples} sample{'s' * (samples != 1)}"
+    return f"{shards} shard{'s' * (shards != 1)} ({counted})"
+
 
 def shard_table(shards):
     """``((url, count or None), ...)`` from URLs or ``(url, count)`` pairs, checked."""
@@ -366,7 +397,7 @@ def _shards_plan(table, order, position, rank, world, nstreams, policy):
 
 
 def plan_epoch(shards, position=0, *, batch_size, seed=0, rank=0, world_size=1, num_streams=1,
-               policy="drop", shuffle=True, resampled=False, epoch_batches=None):
+               policy="drop", shuffle=True, resampled=False, epoch_batches=None, exact=True):
     """This rank's plan of an epoch; see NOTE [plan: exactly once, equal batches].
 
     ``shards``: URLs, or ``(url, count)`` pairs (count None: unknown).
@@ -374,11 +405,12 @@ def plan_epoch(shards, position=0, *, batch_size, seed=0, rank=0, world_size=1, 
     ``policy``: "drop" or "pad", to give every rank the same number of
     batches. ``resampled=True``: draw shards with replacement, forever; an
     epoch is then ``epoch_batches`` batches per rank (policy and shuffle do
-    not apply).
+    not apply). ``exact=False``: whole shards per rank ("shards" mode) even
+    when every count is known.
     """
     plan = _plan_epoch(shards, position, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
                        num_streams=num_streams, policy=policy, shuffle=shuffle, resampled=resampled,
-                       epoch_batches=epoch_batches)
+                       epoch_batches=epoch_batches, exact=exact)
     consumed = position.worker_consumed if isinstance(position, PlanPosition) else None
     if consumed is None:
         return plan
@@ -388,7 +420,7 @@ def plan_epoch(shards, position=0, *, batch_size, seed=0, rank=0, world_size=1, 
 
 
 def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_streams, policy, shuffle,
-                resampled, epoch_batches):
+                resampled, epoch_batches, exact):
     table = shard_table(shards)
     position = position if isinstance(position, PlanPosition) else PlanPosition(position)
     bsize = _index(batch_size, "batch_size", 1)
@@ -418,7 +450,7 @@ def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_str
         raise ValueError("epoch_batches applies to resampled=True only; "
                          "without resampling an epoch is every shard once")
     order = tuple(shard_order(len(table), seed, epoch, shuffle))
-    if known:
+    if known and exact:
         nbatches, shares, done, ranges, dropped = _samples_plan(table, order, position, rank, world,
                                                                  nstreams, bsize, policy)
         streams = tuple(StreamPlan("samples", epoch, rank, w, nstreams, bsize, seeds[w], ranges[w], shares[w],

@@ -60,7 +60,7 @@ from .filters import detshuffle, shuffle
 from .handlers import reraise_exception
 from .pipeline import CountedSource
 from .ranges import buffer_shuffled, read_ranges
-from .shardindex import shard_counts
+from .shardcount import known_counts
 from .utils import make_seed, pytorch_worker_info
 
 __all__ = ["ExactSamples"]
@@ -109,9 +109,13 @@ class ExactSamples(CountedSource):
             for images, labels in loader: ...         # len(loader) batches on every rank
             checkpoint["loader"] = loader.state_dict()
 
-    ``urls``: a shard index (``.json``, as ``ShardWriter(index=...)`` writes),
-    or ``(url, count)`` pairs, or a shard spec with ``index`` naming the index
-    that has the counts: sample counts are what make the split exact.
+    ``urls``: a shard spec or URLs, ``(url, count)`` pairs, or a shard index
+    (``.json``, as ``ShardWriter(index=...)`` writes; ``index=`` names one for
+    the given URLs): sample counts are what make the split exact. Local shards
+    count themselves (their tar headers, kept in a cache under ``cache_dir``
+    or the user's cache directory); remote ones take theirs from the index
+    beside them (``index.json``), and without one the source refuses, giving
+    the ``wdsmp index`` command that writes it.
     ``policy``: "drop" (every rank reads floor(N / world) samples, rounded
     down to whole batches; the rest, different each epoch, is read by nobody)
     or "pad" (rounded up; samples from the start of the epoch's order fill
@@ -124,11 +128,7 @@ class ExactSamples(CountedSource):
     def __init__(self, urls, batch_size, *, index=None, seed=0, policy="drop", shuffle=True,
                  shuffle_buffer=0, handler=reraise_exception, rank=None, world_size=None, cache_dir=None):
         super().__init__()
-        self.shards = tuple(shard_counts(urls, index))
-        unknown = [url for url, count in self.shards if count is None]
-        if unknown:
-            raise ValueError(f"ExactSamples needs the sample count of every shard ({len(unknown)} unknown, "
-                             f"e.g. {unknown[0]!r}): give a shard index (.json) or (url, count) pairs")
+        self.shards = known_counts(urls, index, cache_dir=cache_dir, handler=handler, required_by="ExactSamples")
         if not is_int(batch_size, 1):
             raise ValueError(f"batch_size must be an int >= 1, not {batch_size!r}")
         if not is_int(shuffle_buffer, 0):

@@ -14,6 +14,7 @@ from fnmatch import fnmatch
 from . import _env
 from ._stages import handle_each, missing_field, need_dict, pipelinefilter, sample_error
 from .autodecode import imagehandler
+from .errors import DecodeError
 from .handlers import reraise_exception
 from .utils import identity
 
@@ -216,10 +217,20 @@ def decode_text(stream):
 
 
 def decode_pickle(stream):
-    """An unpickled field; refused under ``WDS_SECURE=1``, as pickles can run code."""
+    """An unpickled field; refused under ``WDS_SECURE=1``, as pickles can run code.
+
+    ``xdecode`` calls it only with ``unsafe=True`` (NOTE [unsafe decoders] in
+    :mod:`wdsmp.autodecode`); without, a pattern mapped to it refuses the field.
+    """
     if _env.secure():
-        raise ValueError("decode_pickle: unpickling is refused while WDS_SECURE is set")
+        raise DecodeError("decode_pickle: unpickling is refused while WDS_SECURE is set")
     return pickle.load(stream)
+
+
+def _refuse_pickle(stream):
+    """What ``decode_pickle`` becomes in an ``xdecode`` without ``unsafe=True``."""
+    raise DecodeError("refusing to unpickle the field: unpickling runs arbitrary code; if the data is "
+                      "trusted, pass unsafe=True to xdecode()")
 
 
 default_decoders = [
@@ -243,14 +254,20 @@ def find_decoder(decoders, path):
 
 
 def _xdecode(source, *args, must_decode=True, defaults=default_decoders,
-             handler=reraise_exception, **kw):
+             handler=reraise_exception, unsafe=False, **kw):
     """Decode fields by glob: ``(pattern, decoder)`` pairs and ``extension=decoder``.
 
     A decoder is a function of a binary stream, False (or ``identity``) to keep
     the value as it is, or an image spec string ("rgb", "pil", ...) decoded by ``wdsmp.autodecode``. A
-    field no pattern matches is an error while ``must_decode``.
+    field no pattern matches is an error while ``must_decode``. Pickles (``*.pyd``
+    in the defaults, or any pattern mapped to ``decode_pickle``) are refused
+    unless ``unsafe=True``, as ``decode()`` refuses them: a field the pipeline
+    never asked for could otherwise run code (NOTE [unsafe decoders] in
+    :mod:`wdsmp.autodecode`).
     """
     decoders = [*defaults, *args, *(("*." + ext, f) for ext, f in kw.items())]
+    if not unsafe:
+        decoders = [(p, _refuse_pickle if f is decode_pickle else f) for p, f in decoders]
     images = {}
     for _, spec in decoders:
         if isinstance(spec, str) and spec not in images:

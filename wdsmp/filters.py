@@ -12,7 +12,6 @@ errors] in :mod:`wdsmp._stages`.
 """
 
 import itertools
-import pickle
 import random
 import sys
 
@@ -52,6 +51,7 @@ from .fields import (
 )
 from ._sharedint import SharedInt
 from .handlers import reraise_exception
+from .samplecodec import SampleCodec
 from .utils import PipelineStage, identity, make_seed, pytorch_worker_info
 
 __all__ = [
@@ -461,8 +461,10 @@ class LMDBCached(PipelineStage):
     """Keep what one complete pass yields in an LMDB database ``fname`` and replay it later.
 
     The database is opened when first iterated, not here, so the stage can be
-    built in the main process and pickled to workers. ``pickler`` (default: the
-    pickle module) has ``dumps`` and ``loads``.
+    built in the main process and pickled to workers. ``pickler`` has ``dumps``
+    and ``loads``; the default, :class:`wdsmp.samplecodec.SampleCodec`, stores
+    plain samples without pickle and refuses pickles under ``WDS_SECURE=1``, as
+    DBCache does.
     """
 
     def __init__(self, fname, map_size=1e12, pickler=None, chunksize=500):
@@ -482,7 +484,7 @@ class LMDBCached(PipelineStage):
             except ImportError as exn:
                 raise ImportError("LMDBCached needs the lmdb package (pip install lmdb)") from exn
             self.db = lmdb.open(self.fname, readonly=False, map_size=self.map_size)
-        return self.db, self.pickler or pickle
+        return self.db, self.pickler or SampleCodec(f"LMDBCached {self.fname!r}")
 
     def run(self, source):
         db, pickler = self._open()

@@ -30,6 +30,15 @@ writing, it is checked by ``close()``. A reader that closes before end of file
 ends the command itself (the command then dies of SIGPIPE or SIGTERM), so that
 status is ours, not the command's, and is not reported. Every path waits for
 the process, so none is left a zombie.
+
+NOTE [abandoned writes]: a writer that gives up (an exception inside ``with
+TarWriter(...)``) must not leave output that looks complete. :func:`abandon`
+ends a stream opened for writing without completing it: an upload
+(``http``, ``s3``) is discarded, never sent; a ``pipe:`` command is
+terminated before its input ends, so a command that commits on end of input
+(an uploader) does not, and what it wrote lacks the rest; a local file is
+removed. The writers above it write no end-of-archive marker and no gzip
+trailer, so whatever a command passed on reads as truncated, an error.
 """
 
 import io
@@ -48,6 +57,7 @@ from .errors import PipeError, SecureModeError, ShardError, ShardNotFoundError
 __all__ = [
     "Pipe",
     "ais_object_url",
+    "abandon",
     "gopen",
     "gopen_ais",
     "gopen_curl",
@@ -60,6 +70,7 @@ __all__ = [
     "gopen_pipe",
     "gopen_s3",
     "gopen_schemes",
+    "has_opener",
     "info",
     "local_path",
     "reader",
@@ -181,6 +192,20 @@ class Pipe(io.RawIOBase):
             self._release()
             super().close()
 
+    def abort(self):
+        """Writing: end the command before its input ends, its status unreported (NOTE
+        [abandoned writes]); reading: as ``close()``. Idempotent."""
+        if self.closed:
+            return
+        try:
+            if self.proc is not None and self.status is None:
+                if self.mode == "wb":
+                    _end_process(self.proc)
+                self._stop()
+        finally:
+            self._release()
+            super().close()
+
     def _at_eof(self):
         """The command's output ended: its status decides if the data was whole."""
         if self.status is None:
@@ -204,14 +229,11 @@ class Pipe(io.RawIOBase):
 
     def _stop(self):
         """A reader closing early ends the command; its status is then not reported."""
-        self._stream.close()  # a command still writing gets SIGPIPE
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(_KILL_GRACE)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        try:
+            self._stream.close()  # a command still writing gets SIGPIPE
+        except BrokenPipeError:
+            pass  # an abandoned writer's command is gone: its unread input does not matter
+        _end_process(self.proc)
         self.status = self.proc.returncode
 
     def _reap(self):
@@ -247,6 +269,35 @@ class Pipe(io.RawIOBase):
                 pass  # the command is gone and its status already reported
         if self._stderr is not None:
             self._stderr.close()
+
+
+def _end_process(proc):
+    """SIGTERM, then SIGKILL after a grace period; waits for the process either way."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(_KILL_GRACE)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def abandon(stream):
+    """End ``stream``, opened with :func:`gopen` for writing, so that what was written never
+    looks complete (NOTE [abandoned writes]): its ``abort()`` where it has one (uploads,
+    ``pipe:``), else close it and remove the local regular file it wrote (never a symbolic
+    link's target, a device or a FIFO)."""
+    abort = getattr(stream, "abort", None)
+    if abort is not None:
+        abort()
+        return
+    path = getattr(stream, "name", None)
+    stream.close()
+    if isinstance(path, str) and os.path.isfile(path) and not os.path.islink(path):
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            pass
 
 
 class _Borrowed(io.RawIOBase):
@@ -544,6 +595,14 @@ def _opener(url):
     if scheme in _env.ais_schemes():
         return gopen_ais
     return gopen_schemes.get(scheme) or gopen_schemes.get("__default__", gopen_error)
+
+
+def has_opener(url):
+    """Whether ``gopen`` knows how to open ``url`` (after rewriting): ``-``, a local path, or
+    a scheme with an opener, so that a tool can call an unknown scheme a usage error before
+    it opens anything."""
+    url = rewrite_url(_as_url(url))
+    return url == "-" or _opener(url) is not gopen_error
 
 
 def gopen(url, mode="rb", bufsize=8192, *, secure=False, **kw):

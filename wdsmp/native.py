@@ -11,15 +11,18 @@ libjpeg-turbo at build time, and without it FastLoader decodes whole JPEGs
 
 import importlib
 import warnings
+from typing import NamedTuple
 
 from . import _env, _tarsplit_py
 
 __all__ = [
+    "NativePart",
     "imgops_module",
     "jpeg_region_available",
     "jpeg_region_module",
     "native_available",
     "pil_image_module",
+    "tar_headers_class",
     "tar_splitter_class",
 ]
 
@@ -36,6 +39,7 @@ _NOT_BUILT_CORE = ("wdsmp's native core is not built ({exn}); using the slower p
                    "Reinstall wdsmp with a C compiler to get it.")
 
 _loaded = {}  # name -> the module, or None when it is not built (a build does not appear mid-run)
+_missing = {}  # name -> why it is not built (the ImportError's message)
 
 
 def _compiled(name):
@@ -45,6 +49,7 @@ def _compiled(name):
             _loaded[name] = importlib.import_module(f"{__package__}.{name}")
         except ImportError as exn:
             _loaded[name] = None
+            _missing[name] = str(exn)
             warnings.warn(_NOT_BUILT.get(name, _NOT_BUILT_CORE).format(exn=exn), RuntimeWarning, stacklevel=3)
     return _loaded[name]
 
@@ -62,6 +67,16 @@ def tar_splitter_class():
         if compiled is not None:
             return compiled.TarSplitter
     return _tarsplit_py.TarSplitter
+
+
+def tar_headers_class():
+    """The ``TarHeaders`` class in use now (a tar file's members from their headers alone,
+    data skipped by offset): native, or the twin."""
+    if not _env.pure_python():
+        compiled = _compiled("_tarsplit")
+        if compiled is not None:
+            return compiled.TarHeaders
+    return _tarsplit_py.TarHeaders
 
 
 def imgops_module():
@@ -104,3 +119,37 @@ def jpeg_region_available():
     """True when FastLoader decodes only the region of a JPEG that its crop needs
     (:func:`jpeg_region_module` is not None)."""
     return jpeg_region_module() is not None
+
+
+class NativePart(NamedTuple):
+    """One compiled part, as :func:`parts` reports it."""
+
+    name: str  # the module, e.g. "wdsmp._tarsplit"
+    does: str  # what it is for
+    state: str  # "in use", "off" (WDSMP_PUREPYTHON=1) or "not built"
+    detail: str  # the file it was loaded from, or why it is not in use and what that costs
+
+
+_PARTS = {
+    "_tarsplit": ("the tar splitter", "the pure-Python twin splits tar files instead, several times slower"),
+    "_imgops": ("FastLoader's crop, resize and flip kernel", "the pure-Python twin resizes instead, much slower"),
+    "_jpegregion": ("FastLoader's JPEG region decoder (libjpeg-turbo)",
+                    "FastLoader decodes whole JPEGs with simplejpeg instead, slower (README.md: Region decoding)"),
+}
+
+
+def parts():
+    """Each compiled part and whether it is in use now, with the file or the reason (for
+    ``wdsmp doctor``): not built (the import error), or turned off by ``WDSMP_PUREPYTHON=1``."""
+    result = []
+    for name, (does, cost) in _PARTS.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the reason is reported here instead
+            module = _compiled(name)
+        if module is None:
+            result.append(NativePart(f"wdsmp.{name}", does, "not built", f"{_missing.get(name)}: {cost}"))
+        elif _env.pure_python():
+            result.append(NativePart(f"wdsmp.{name}", does, "off", f"WDSMP_PUREPYTHON=1: {cost}"))
+        else:
+            result.append(NativePart(f"wdsmp.{name}", does, "in use", module.__file__))
+    return result

@@ -26,6 +26,11 @@ training code, and torch's DataLoader, tell a sized dataset), from
 subclass that has one (``add_length_method``), made at run time and
 pickled as "rebuild as the original class, then add the length again".
 
+Stage times (NOTE [stage clock] in timing.py): ``with_stage_times()`` times
+every stage's items, in this process and in DataLoader workers alike, and
+``stage_times()`` reports them, so that a pipeline's stages can be compared
+with FastLoader's (``FastLoader.stats``). Off, the stages run unwrapped.
+
 NOTE [counted source]: a pipeline whose source is a ``CountedSource``
 (stage 0, or the dataset of a DataLoader at stage 0, itself read from one)
 hands out the epoch's batches through the source's ``hand_out``, which counts
@@ -45,6 +50,7 @@ from itertools import islice
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from .timing import StageClock, stage_name
 from .validation import non_negative_int
 from .utils import PipelineStage
 
@@ -184,6 +190,7 @@ class DataPipeline(IterableDataset):
         self._source = None
         self._source_pid = None
         self.position = None  # (epoch, batches handed out, streams) with a counted source
+        self._clock = None  # a StageClock while stage times are on
         for stage in _flatten(args):
             self.append(stage)
 
@@ -204,6 +211,8 @@ class DataPipeline(IterableDataset):
         self.pipeline.append(f)
         if where == 0 and counted_source(self) is not None:
             _with_len(self, _pipeline_len)  # NOTE [pipeline length]
+        if self._clock is not None:  # a clock for the stages as they are now; the figures start again
+            self._clock = StageClock(map(stage_name, self.pipeline))
 
     def compose(self, *args, **kw):
         """A copy of the pipeline with ``args`` appended; the original is unchanged.
@@ -248,9 +257,14 @@ class DataPipeline(IterableDataset):
         """An iterator through one pass of the pipeline."""
         if not self.pipeline:
             raise ValueError("DataPipeline has no stages")
+        clock = self._clock
         source = self.invoke(self.pipeline[0])
-        for step in self.pipeline[1:]:
+        if clock is not None:
+            source = clock.timed(source, 0)
+        for i, step in enumerate(self.pipeline[1:], 1):
             source = self.invoke(step, source)
+            if clock is not None:
+                source = clock.timed(source, i)
         return source
 
     def iterator(self):
@@ -350,6 +364,37 @@ class DataPipeline(IterableDataset):
         if self.position is not None and self.position[0] != epoch:
             self.position = None
         self._drop_source()
+
+    # -- stage times
+
+    def with_stage_times(self, enabled=True):
+        """Time every stage from now on (``enabled=False``: stop, and run the stages unwrapped
+        again); the figures are ``stage_times()``. The stages of the dataset of a DataLoader at
+        stage 0 (a ``WebLoader``'s) are timed too, in its workers: turn it on before they start."""
+        self._clock = StageClock(map(stage_name, self.pipeline)) if enabled else None
+        first = self.pipeline[0] if self.pipeline else None
+        if isinstance(first, DataLoader) and isinstance(first.dataset, DataPipeline):
+            first.dataset.with_stage_times(enabled)
+        return self
+
+    def stage_times(self):
+        """Each stage's time since ``with_stage_times()``, summed over the processes that ran
+        it: ``[{"stage", "where", "seconds", "items", "ms_per_item"}, ...]`` in pipeline order.
+        A stage's time is its own, the work of the stages before it taken out. With a
+        DataLoader at stage 0, its dataset's stages come first (``where``: "DataLoader
+        workers"), then this pipeline's, whose first is the time spent waiting for the
+        DataLoader's batches."""
+        if self._clock is None:
+            raise ValueError("stage times are off: call with_stage_times() before iterating")
+        figures = []
+        first = self.pipeline[0]
+        if isinstance(first, DataLoader) and isinstance(first.dataset, DataPipeline) \
+                and first.dataset._clock is not None:
+            figures = [dict(f, where="DataLoader workers") for f in first.dataset.stage_times()]
+        figures += [dict(f, where="this process") for f in self._clock.figures()]
+        for figure in figures:
+            figure["ms_per_item"] = figure["seconds"] * 1e3 / figure["items"] if figure["items"] else 0.0
+        return figures
 
     # -- counted epochs: NOTE [counted source]
 

@@ -31,11 +31,24 @@ failures in a row (over HTTP, urllib3 counts those before a reply by kind:
 connect, read, status); every delivered byte resets the count, so a long object
 over a flaky link still finishes while a dead server fails after ``retries`` waits.
 End of data is only accepted at ``size`` (or, when no size was given, at the
-server's clean end of the body).
+server's clean end of the body). One failure is not retried: a connection refused
+by this machine (localhost, 127.0.0.0/8, ::1), where nothing listens on that port,
+fails at once, where retries would only delay the error by many seconds.
+
+A server can also keep a read alive without serving it: a byte now and then
+resets every read timeout (a trickle). So the time spent waiting in reads is
+added up per connection, and once it reaches ``rate_window`` seconds the bytes
+that came meanwhile must be at least ``min_rate`` per second of it; slower is a
+transient failure (the connection is dropped and the rest asked for again), and
+``retries`` slow windows in a row end the read with a ShardError naming the
+URL and the rate. Only waiting counts: a consumer that reads slowly never makes
+the server look slow. Reads return as soon as some bytes arrive (urllib3's
+``read1``), so that a trickle cannot hold one read for long.
 """
 
 import functools
 import io
+import ipaddress
 import os
 import random
 import re
@@ -47,6 +60,7 @@ from .errors import ShardError
 
 __all__ = [
     "HTTPReader",
+    "refused_here",
     "HTTPWriter",
     "RemoteOptions",
     "Reply",
@@ -69,7 +83,9 @@ _CROSS_HOST_DROPPED = ("authorization", "cookie", "proxy-authorization")
 
 @dataclass(frozen=True)
 class RemoteOptions:
-    """Timeouts (seconds) and retry policy of one remote stream; NOTE [resume protocol].
+    """Timeouts (seconds), the slowest rate accepted (bytes per second of waiting, judged over
+    ``rate_window`` seconds of it; 0: none) and retry policy of one remote stream; NOTE
+    [resume protocol].
 
     ``gopen(url, **kw)`` builds one from the keywords named here and ignores the
     others (they belong to other schemes, as ``ignore_status`` to ``pipe:``).
@@ -80,6 +96,8 @@ class RemoteOptions:
     retries: int = 5
     backoff: float = 0.5
     max_backoff: float = 30.0
+    min_rate: float = 1024.0  # bytes per second of waiting, 0: no minimum
+    rate_window: float = 30.0  # seconds of waiting over which min_rate is judged
 
     def __post_init__(self):
         for field in fields(self):
@@ -88,8 +106,8 @@ class RemoteOptions:
                 raise ValueError(f"{field.name} must be a number >= 0, not {value!r}")
         if not isinstance(self.retries, int):
             raise ValueError(f"retries must be an integer, not {self.retries!r}")
-        if self.connect_timeout == 0 or self.read_timeout == 0:
-            raise ValueError("connect_timeout and read_timeout must be > 0")
+        if self.connect_timeout == 0 or self.read_timeout == 0 or self.rate_window == 0:
+            raise ValueError("connect_timeout, read_timeout and rate_window must be > 0")
 
     @classmethod
     def from_kw(cls, kw):
@@ -104,11 +122,13 @@ class RemoteOptions:
 
 class Transient(Exception):
     """A failure worth retrying (NOTE [resume protocol]); ``final`` when it was retried
-    already (by urllib3's ``Retry``) as often as ``retries`` allows."""
+    already (by urllib3's ``Retry``) as often as ``retries`` allows; ``slow`` when bytes
+    came, but slower than ``min_rate``."""
 
-    def __init__(self, message, final=False):
+    def __init__(self, message, final=False, slow=False):
         super().__init__(message)
         self.final = final
+        self.slow = slow
 
 
 @dataclass
@@ -120,6 +140,33 @@ class Reply:
     length: int = None  # Content-Length of this reply
     content_range: str = None
     etag: str = None
+
+
+def _this_machine(host):
+    """Whether ``host`` (a name or an address, maybe in brackets) is this machine's loopback."""
+    host = (host or "").strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def refused_here(exn, host):
+    """Whether ``exn``, or an error it was raised from, is a connection refused by ``host`` when
+    that is this machine: nothing listens on the port, and retrying would only wait (module NOTE)."""
+    seen = exn
+    while seen is not None:
+        if isinstance(seen, ConnectionRefusedError):
+            return _this_machine(host)
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _refused_error(method, host, port, where):
+    return ShardError(f"{method} failed: connection refused by {host}:{port}, on this machine: nothing listens "
+                      f"there (not retried: start the server, or check the port)", url=where)
 
 
 def _located(url, origin):
@@ -151,6 +198,7 @@ class ResumableReader(io.RawIOBase):
         self.etag = None
         self._done = False
         self._failures = 0
+        self._slow = 0  # slow windows in a row; bytes that come slowly do not reset it
         self._connect()  # open now, so that a missing object fails in gopen(), not at the first read
 
     def readable(self):
@@ -179,13 +227,17 @@ class ResumableReader(io.RawIOBase):
                     break  # it broke after the last byte: nothing left to ask for
                 self._connect()
             try:
+                self._check_rate()
+                started = time.monotonic()
                 n = self._read(self._body, view)
+                self._waited += time.monotonic() - started
             except Transient as exn:
                 self._release()
                 self._wait(exn)
                 continue
             if n:
                 self.pos += n
+                self._got += n
                 self._failures = 0
                 return n
             self._release()
@@ -205,15 +257,31 @@ class ResumableReader(io.RawIOBase):
         if body is not None:
             self._drop(body)
 
+    def _check_rate(self):
+        """A slow Transient when the reads of a whole ``rate_window`` (their waiting only) gave
+        less than ``min_rate`` bytes per second (NOTE [resume protocol])."""
+        waited, window = self._waited, self.options.rate_window
+        if waited < window or not self.options.min_rate:
+            return
+        got, self._waited, self._got = self._got, 0, 0
+        if got >= self.options.min_rate * waited:
+            self._slow = 0
+            return
+        raise Transient(f"GET too slow: {got:,} bytes in {waited:.1f} s of waiting ({got / waited:,.1f} bytes/s), "
+                        f"less than min_rate={self.options.min_rate:g} bytes/s over rate_window={window:g} s",
+                        slow=True)
+
     def _wait(self, exn):
         """Count a failure, then sleep before the next try or give up (NOTE [resume protocol])."""
         self._failures += 1
-        if exn.final or self._failures > self.options.retries:
+        self._slow += exn.slow
+        if exn.final or self._failures > self.options.retries or self._slow > self.options.retries:
             at = f" at byte {self.pos} of {self.size}" if self.size is not None else ""
             raise self._error(f"{exn}{at}; gave up after {self.options.retries} retries") from exn
         time.sleep(self.options.delay(self._failures))
 
     def _connect(self):
+        self._waited = self._got = 0  # seconds spent in this connection's reads, and their bytes
         while True:
             try:
                 reply = self._get(self.pos)
@@ -381,11 +449,19 @@ def _retry_policy(options, retries):
 
 @functools.lru_cache(maxsize=None)
 def _capped_retry_class():
-    class CappedRetry(_urllib3().Retry):
-        """``Retry`` that waits no longer for a server's Retry-After than for its own backoff."""
+    urllib3 = _urllib3()
+
+    class CappedRetry(urllib3.Retry):
+        """``Retry`` that waits no longer for a server's Retry-After than for its own backoff, and
+        not at all after a connection refused by this machine (``refused_here``)."""
 
         def parse_retry_after(self, retry_after):
             return min(super().parse_retry_after(retry_after), self.backoff_max)
+
+        def increment(self, method=None, url=None, response=None, error=None, _pool=None, _stacktrace=None):
+            if error is not None and _pool is not None and refused_here(error, _pool.host):
+                raise urllib3.exceptions.MaxRetryError(_pool, url, error) from error
+            return super().increment(method, url, response, error, _pool, _stacktrace)
 
     return CappedRetry
 
@@ -427,6 +503,8 @@ def _send(method, url, headers, body, options, where, retries):
                                        body_pos=None if body is None else 0, preload_content=False,
                                        decode_content=False, timeout=timeout)
     except errors.MaxRetryError as exn:
+        if exn.pool is not None and refused_here(exn.reason, exn.pool.host):
+            raise _refused_error(method, exn.pool.host, exn.pool.port, where) from exn
         if isinstance(exn.reason, errors.ResponseError):  # the only one raised: too many redirects
             raise ShardError(f"{method} failed: more than {_REDIRECTS} redirects, the last to {exn.url}",
                              url=where) from exn
@@ -465,9 +543,11 @@ class HTTPReader(ResumableReader):
     def _read(self, body, view):
         errors = _urllib3().exceptions
         try:
-            return body.readinto(view)
+            data = body.read1(len(view))  # what has come, not a full view: NOTE [resume protocol]
         except (errors.HTTPError, OSError) as exn:
             raise Transient(f"GET failed: {exn}") from exn
+        view[:len(data)] = data
+        return len(data)
 
     def _drop(self, body):
         body.close()  # an unfinished body's connection cannot be reused

@@ -11,10 +11,11 @@ instead of starting over. boto3 is imported when the first ``s3://`` URL is open
 
 import os
 import threading
+from urllib.parse import urlsplit
 
 from . import _env
 from .errors import ShardError
-from .remote import RemoteOptions, Reply, ResumableReader, SpooledUpload, Transient, buffered_reader
+from .remote import RemoteOptions, Reply, ResumableReader, SpooledUpload, Transient, buffered_reader, refused_here
 
 __all__ = ["S3Reader", "S3Writer", "open_s3", "s3_client", "split_s3_url"]
 
@@ -79,6 +80,12 @@ def _convert(action, exn, url):
             if status in (408, 429) or (status >= 500 and status not in (501, 505)) or code in _TRANSIENT_CODES:
                 return Transient(message)
             return ShardError(message, url=url)
+        if isinstance(seen, bce.EndpointConnectionError):
+            endpoint = urlsplit(seen.kwargs.get("endpoint_url", ""))
+            if refused_here(seen, endpoint.hostname):
+                return ShardError(f"{action} failed: connection refused by {endpoint.netloc}, on this machine: "
+                                  f"nothing listens there (not retried: start the server, or check "
+                                  f"AWS_ENDPOINT_URL)", url=url)
         if isinstance(seen, (bce.HTTPClientError, bce.ConnectionError, bce.IncompleteReadError, HTTPError,
                              ConnectionError, TimeoutError)):
             return Transient(f"{action} failed: {seen}")

@@ -9,7 +9,10 @@ rank the same number of batches. The format::
 Other keys (``size``, ``sha256``, anything at the top level) are kept for
 whoever wrote them. A relative ``url`` is relative to the manifest itself:
 its directory for a local file, its URL for a remote one, so a manifest can
-travel with its shards.
+travel with its shards. Its documented place is beside the shards, named
+``index.json`` (``INDEX_NAME``): ``ShardWriter(index=True)`` and ``wdsmp
+index`` write it there, and the loaders look for it there when remote shards
+come without counts (``index_beside``).
 """
 
 import json
@@ -22,8 +25,31 @@ from .validation import is_int
 from .epochplan import shard_table
 from .gopen import gopen, local_path
 
-__all__ = ["read_entries", "read_index", "relative_url", "resolve_url", "shard_counts", "write_atomic",
-           "write_index"]
+__all__ = ["INDEX_NAME", "index_beside", "is_index", "read_entries", "read_index", "relative_url", "resolve_url",
+           "shard_counts", "write_atomic", "write_index"]
+
+INDEX_NAME = "index.json"  # the shard index beside the shards it lists
+
+
+def is_index(urls):
+    """Whether a loader's ``urls`` argument names a shard index: a string whose path ends in
+    ``.json``, a query string or fragment after it not counted (a presigned URL such as
+    ``https://host/train/index.json?X-Amz-Signature=...``)."""
+    if not isinstance(urls, str):
+        return False
+    path = urls if local_path(urls) is not None else urlsplit(urls).path
+    return path.endswith(".json")
+
+
+def index_beside(url):
+    """The URL of the shard index beside the remote shard ``url`` (``INDEX_NAME`` in its
+    directory, without the shard's query string); None for what has no directory to look in
+    (a local file, ``pipe:``, ``-``)."""
+    parts = urlsplit(url)
+    if local_path(url) is not None or parts.scheme == "pipe" or not parts.netloc:
+        return None
+    directory = posixpath.dirname(parts.path)
+    return urlunsplit(parts._replace(path=posixpath.join(directory or "/", INDEX_NAME), query="", fragment=""))
 
 
 def resolve_url(base, url):
@@ -88,10 +114,16 @@ def read_index(source):
 
 def write_index(path, shards, **extra):
     """Write a manifest of ``shards`` (``(url, samples)`` pairs or dicts with more keys) to
-    ``path``, atomically; ``extra`` keys go to the top level."""
+    ``path``: a local file, atomically, or any URL gopen writes (HTTP PUT, S3, ...), whole
+    at close; ``extra`` keys go to the top level."""
     entries = [dict(entry) if isinstance(entry, dict) else {"url": entry[0], "samples": entry[1]}
                for entry in shards]
-    write_atomic(path, json.dumps(dict(extra, shards=entries), indent=1) + "\n")
+    text = json.dumps(dict(extra, shards=entries), indent=1) + "\n"
+    if local_path(path) is None:
+        with gopen(path, "wb") as stream:
+            stream.write(text.encode())
+        return
+    write_atomic(local_path(path), text)
 
 
 def write_atomic(path, text):
@@ -109,7 +141,7 @@ def shard_counts(urls, index=None):
     (a manifest) the counts come from it, and every shard must be in it."""
     from .shardlists import expand_urls
 
-    if isinstance(urls, str) and urls.endswith(".json") and index is None:
+    if is_index(urls) and index is None:
         return read_index(urls)
     table = shard_table(expand_urls(urls) if isinstance(urls, str) else urls)
     if index is not None:

@@ -19,6 +19,11 @@ collections. Each collection is a mapping with these keys:
     A shard spec as everywhere in wdsmp: a string (brace-expanded, ``::``
     separated, ``${name}`` from ``WDS_name``, local globs) or a list of them.
     Relative paths are relative to the working directory, as for any shard spec.
+    A spec read from a URL in secure mode (``WDS_SECURE=1``) is the data's,
+    not the program's: a ``${name}`` in its shard specs is a SpecError (the
+    environment's values would leave the machine in the URLs fetched); and
+    secure mode globs no local patterns (it refuses local files anyway). Out of
+    secure mode a spec, like a shard index, may name ``pipe:`` commands, which run.
 ``scaleprob`` (default 1.0)
     The collection's mixing weight, a number >= 0. Weights are relative: each
     sample comes from a collection with probability weight / sum of weights.
@@ -53,9 +58,10 @@ import random
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from . import _env
 from .errors import WdsmpError
 from .filters import pipelinefilter
-from .gopen import gopen
+from .gopen import gopen, local_path
 from .handlers import reraise_exception
 from .mix import RandomMix
 from .pipeline import DataPipeline
@@ -151,7 +157,7 @@ def _extensions(value, index):
     return names
 
 
-def _urls(value, index):
+def _urls(value, index, trusted):
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)) or not value or \
@@ -159,7 +165,7 @@ def _urls(value, index):
         raise _error(index, "shards", f"must be a shard spec or a non-empty list of them, "
                                       f"not {value!r}")
     try:
-        urls = [url for spec in value for url in expand_urls(spec)]
+        urls = [url for spec in value for url in expand_urls(spec, trusted)]
     except ValueError as exn:
         raise _error(index, "shards", str(exn)) from exn
     if not urls:
@@ -177,25 +183,25 @@ def _mapping(value, index, needs, known):
     return value
 
 
-def _collection(entry, index):
+def _collection(entry, index, trusted):
     _mapping(entry, index, f"dataset spec collection {index} must be a mapping", _COLLECTION_KEYS)
     if "shards" not in entry:
         raise _error(index, "shards", "is missing")
     extensions = entry.get("extensions")
     return CollectionSpec(
-        urls=_urls(entry["shards"], index),
+        urls=_urls(entry["shards"], index, trusted),
         scaleprob=_number(entry.get("scaleprob", 1.0), index, "scaleprob"),
         scale=_scale(entry.get("scale", 1.0), index),
         extensions=None if extensions is None else _extensions(extensions, index),
     )
 
 
-def _validated(document):
+def _validated(document, trusted=True):
     _mapping(document, None, "a dataset spec must be a mapping with a 'dataset' list", _TOP_KEYS)
     entries = document.get("dataset")
     if not isinstance(entries, (list, tuple)) or not entries:
         raise _error(None, "dataset", f"must be a non-empty list of collections, not {entries!r}")
-    spec = DatasetSpec(tuple(_collection(entry, i) for i, entry in enumerate(entries)))
+    spec = DatasetSpec(tuple(_collection(entry, i, trusted) for i, entry in enumerate(entries)))
     if sum(c.scaleprob * c.scale[1] for c in spec.collections) <= 0:
         raise SpecError("dataset spec: every collection has weight 0 (scaleprob * scale)")
     return spec
@@ -234,8 +240,9 @@ def load_spec(source):
     except UnicodeDecodeError as exn:
         raise SpecError(f"dataset spec {name!r} is not UTF-8 text") from exn
     document = _parse(text, name)
+    remote = local_path(name) is None and name != "-"
     try:
-        return _validated(document)
+        return _validated(document, trusted=not (remote and _env.secure()))
     except SpecError as exn:
         raise SpecError(f"{exn} (in {name!r})") from exn
 

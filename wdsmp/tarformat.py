@@ -7,7 +7,11 @@ check). Everything that runs rarely lives here once, so both report identical
 errors and agree on pax headers by construction.
 """
 
+import posixpath
+
+from . import _env
 from .errors import TarFormatError
+from .validation import positive_int
 
 BLOCK = 512
 MAX_MEMBER_SIZE = 1 << 56  # beyond any real member; keeps size arithmetic in range
@@ -15,9 +19,22 @@ MAX_MEMBER_SIZE = 1 << 56  # beyond any real member; keeps size arithmetic in ra
 # damaged or hostile 512-byte header may claim gigabytes.
 UNTRUSTED_CHUNK = 1 << 25
 
+# The most one member may hold, unless the reader is told otherwise: wdsmp holds each member
+# in memory, and a gzip-compressed shard of a few MB can expand to members of gigabytes.
+DEFAULT_MAX_MEMBER_SIZE = 1 << 30
+# Hard and symbolic links are resolved to the data of one of the last LINK_MEMBERS members
+# read, as long as those hold at most LINK_WINDOW bytes (the oldest are forgotten first; the
+# newest is always held): NOTE [tar links].
+LINK_MEMBERS = 64
+LINK_WINDOW = 16 << 20
+
 # Type flags (POSIX ustar, GNU and pax).
 REGULAR_TYPES = (b"0", b"\0", b"7")
-LINK_AND_SPECIAL_TYPES = (b"1", b"2", b"3", b"4", b"5", b"6")  # carry no data
+HARD_LINK = b"1"
+SYMBOLIC_LINK = b"2"
+DIRECTORY = b"5"
+SPECIAL_TYPES = {b"3": "character device", b"4": "block device", b"6": "FIFO"}  # no file data
+SKIPPED_TYPES = (b"g", b"V", b"D")  # pax global header, GNU volume label and dump directory: metadata
 GNU_LONGNAME = b"L"
 GNU_LONGLINK = b"K"
 GNU_SPARSE = b"S"
@@ -53,13 +70,22 @@ def checksum_ok(header):
     return stored >= 0 and stored in (unsigned, signed)
 
 
+def member_size_limit(value=None, name="max_member_size"):
+    """The cap on one member's size (or a decompressed field's): ``value`` (the argument
+    ``name``), else ``WDSMP_MAX_MEMBER_SIZE``, else :data:`DEFAULT_MAX_MEMBER_SIZE`."""
+    if value is None:
+        value = _env.max_member_size() or DEFAULT_MAX_MEMBER_SIZE
+    return min(positive_int(value, name), MAX_MEMBER_SIZE)
+
+
 def decode_name(raw):
     """Member names are bytes in the archive; undecodable bytes survive a round trip."""
     return raw.decode("utf-8", "surrogateescape")
 
 
 def parse_pax(data, url, offset):
-    """Parse a pax extended header into ``{"path": str, "size": int}`` (only those keys).
+    """Parse a pax extended header into ``{"path": str, "linkpath": str, "size": int}``
+    (only those keys).
 
     Records are ``"LEN key=value\\n"``, LEN counting the whole record.
     """
@@ -82,8 +108,8 @@ def parse_pax(data, url, offset):
         key, eq, value = data[space + 1:end - 1].partition(b"=")
         if not eq:
             raise bad_pax(url, offset)
-        if key == b"path":
-            result["path"] = decode_name(value)
+        if key in (b"path", b"linkpath"):
+            result[key.decode()] = decode_name(value)
         elif key == b"size":
             try:
                 result["size"] = int(value)
@@ -93,6 +119,38 @@ def parse_pax(data, url, offset):
                 raise bad_pax(url, offset)
         pos = end
     return result
+
+
+# NOTE [tar links]: GNU tar stores a file that is a hard link to one already archived as a
+# link member (type 1) naming it, with no data: its data is the earlier member's. Readers
+# that skip such members (webdataset's does) hand out samples missing fields. Both splitters
+# keep the data of the last LINK_MEMBERS members read, within LINK_WINDOW bytes (a ring on
+# the hot path, natively in C), and give a hard link, or a symbolic link (type 2) naming a
+# member by a path inside the archive, that member's data under its own name
+# (``resolve_link``); a link to a member further back, or out of the archive, is a
+# TarFormatError saying how to write the shard without links. ``links`` lists what was
+# resolved, for ``wdsmp verify``, ``info`` and ``index`` to report: other readers drop them.
+# Directories are skipped (they hold no data); devices and FIFOs, and type flags no standard
+# defines, are TarFormatErrors naming the member, never silently dropped.
+
+
+def resolve_link(url, typeflag, name, target, offset, recent):
+    """``(data, size)`` of link member ``name`` (``typeflag`` 1 or 2) naming ``target``, from
+    ``recent``: ``[(name, data, size)]`` of the members a splitter holds, oldest first (NOTE
+    [tar links]; ``data`` is None where only headers are read). A TarFormatError when the
+    target is out of the archive or not held."""
+    kind = "hard link" if typeflag == HARD_LINK else "symbolic link"
+    path = posixpath.normpath(target if typeflag == HARD_LINK else posixpath.join(posixpath.dirname(name), target))
+    if typeflag == SYMBOLIC_LINK and (target.startswith("/") or path == ".." or path.startswith("../")):
+        raise TarFormatError(f"{kind} to {target!r}, outside the archive: the shard does not hold its data "
+                             f"(write it with tar -h, which stores the files links point to)", url, name, offset)
+    for held, data, size in reversed(recent):
+        if held == target or posixpath.normpath(held) == path:
+            return data, size
+    raise TarFormatError(f"{kind} to {target!r}, a member not among the last {LINK_MEMBERS} members and "
+                         f"{LINK_WINDOW >> 20} MiB read (wdsmp keeps that much to resolve links): write the "
+                         f"shard without links (tar --hard-dereference for hard links, tar -h for symbolic ones)",
+                         url, name, offset)
 
 
 # Errors. Each names the shard and the byte offset (in the decompressed stream)
@@ -121,6 +179,18 @@ def bad_pax(url, offset):
 
 def unsupported_sparse(url, name, offset):
     return TarFormatError("unsupported tar member type: GNU sparse file", url, name, offset)
+
+
+def unsupported_type(url, name, offset, typeflag):
+    """A member that is no file (a device, a FIFO) or of a type no standard defines."""
+    what = SPECIAL_TYPES.get(typeflag, "an unknown type")
+    return TarFormatError(f"unsupported tar member type {typeflag.decode('latin-1')!r} ({what}): not file data "
+                          f"a sample can hold", url, name, offset)
+
+
+def member_too_large(url, name, offset, size, limit):
+    return TarFormatError(f"member of {size} bytes, more than the {limit} bytes one member may hold "
+                          f"(max_member_size, or WDSMP_MAX_MEMBER_SIZE): refusing to read it", url, name, offset)
 
 
 def truncated_header(url, offset, got):

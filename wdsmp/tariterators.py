@@ -36,6 +36,7 @@ __all__ = [
     "tar_file_iterator",
     "tar_file_expander",
     "group_by_keys",
+    "sample_count",
     "tarfile_samples",
     "tarfile_to_samples",
     "meta_prefix",
@@ -180,45 +181,60 @@ def _decompressed(stream):
     return stream
 
 
-def _members(stream, url):
-    """``(name, data, offset)`` of each regular member, then the stream read to its end.
+def _members(stream, url, max_member_size=None):
+    """``(name, data, offset, link)`` of each member with data, then the stream read to its end;
+    ``link`` is the member a link member was resolved to, else None (NOTE [tar links] in
+    ``tarformat``).
 
     Reading past the end-of-archive marker to end of file is what checks a
     ``pipe:`` command's exit status and a gzip stream's CRC; stream errors
     become TarFormatErrors naming the shard.
     """
+    splitter = None
     try:
         tar = _decompressed(stream)
-        yield from tar_splitter_class()(tar, url)
+        splitter = tar_splitter_class()(tar, url, max_member_size=max_member_size)
+        links = splitter.links
+        for name, data, offset in splitter:
+            yield name, data, offset, links[-1][1] if links and links[-1][2] == offset else None
         while tar.read(1 << 16):
             pass
     except (EOFError, zlib.error, gzip.BadGzipFile) as exn:
-        raise TarFormatError(f"corrupt gzip stream: {exn}", url) from exn
+        # Named by the member it cut (a cut .tgz): the sample before it is then known whole.
+        member, offset = (splitter and splitter.reading) or (None, None)
+        raise TarFormatError(f"corrupt gzip stream: {exn}", url, member, offset) from exn
 
 
 def tar_file_iterator(fileobj, skip_meta=_META_FILES, handler=reraise_exception,
-                      select_files=None, rename_files=None, url=None):
+                      select_files=None, rename_files=None, url=None, max_member_size=None):
     """Yield ``{"fname", "data", "__offset__"}`` for each regular member of a tar stream.
 
     ``select_files(fname)`` keeps a member when true; ``rename_files(fname)``
     renames it. An error ends the stream (a damaged archive cannot be resumed);
-    ``handler`` decides whether it is raised.
+    ``handler`` decides whether it is raised. A hard or symbolic link member
+    comes with the data of the member it names, and ``"__link__"``: that
+    member's name (NOTE [tar links] in ``tarformat``). A member larger than
+    ``max_member_size`` bytes (default: ``WDSMP_MAX_MEMBER_SIZE``, else 1 GiB)
+    is a TarFormatError, refused before it is read.
     """
     try:
-        for name, data, offset in _members(fileobj, url):
+        for name, data, offset, link in _members(fileobj, url, max_member_size):
             if skip_meta is not None and re.match(skip_meta, name):
                 continue
             if rename_files is not None:
                 name = rename_files(name)
             if select_files is not None and not select_files(name):
                 continue
-            yield {"fname": name, "data": data, "__offset__": offset}
+            member = {"fname": name, "data": data, "__offset__": offset}
+            if link is not None:
+                member["__link__"] = link
+            yield member
     except Exception as exn:
         handler(exn)
 
 
 def tar_file_expander(data, handler=reraise_exception, select_files=None, rename_files=None,
-                      eof_value=None, boundaries=False):
+                      eof_value=None, boundaries=False, max_member_size=None):
     """Members of every shard in ``data`` (dicts with ``url`` and ``stream``).
 
     ``eof_value``, unless None, follows each shard that ended cleanly
@@ -226,7 +242,7 @@ def tar_file_expander(data, handler=reraise_exception, select_files=None, rename
     of a shard; wdsmp's is None, the value that code written for webdataset
     passes to have none). With ``boundaries=True`` (as ``tarfile_samples``
     uses it) each shard is followed by ``SHARD_END``, or by a ``ShardFailed``
-    marker when it broke midway.
+    marker when it broke midway. ``max_member_size``: see :func:`tar_file_iterator`.
     """
 
     def members(source):
@@ -235,8 +251,8 @@ def tar_file_expander(data, handler=reraise_exception, select_files=None, rename
         path = source.get("local_path")
         try:
             for member in tar_file_iterator(stream, handler=reraise_exception,
-                                            select_files=select_files,
-                                            rename_files=rename_files, url=url):
+                                            select_files=select_files, rename_files=rename_files,
+                                            url=url, max_member_size=max_member_size):
                 member["__url__"] = url
                 if path is not None:
                     member["__local_path__"] = path
@@ -335,11 +351,48 @@ def group_by_keys(data, keys=base_plus_ext, lcase=True, suffixes=None, handler=N
         yield current
 
 
-def tarfile_samples(src, handler=reraise_exception, select_files=None, rename_files=None):
-    """Shard URLs (``{"url": ...}`` dicts or strings) to samples."""
-    streams = url_opener(src, handler=handler)
+def sample_count(names, boundary=SHARD_END, keys=base_plus_ext):
+    """How many samples ``tarfile_samples`` makes of a local shard whose regular members are
+    named ``names``, in order, ending with ``boundary`` (``SHARD_END``, or the ``ShardFailed``
+    marker of a shard that broke there): the count that makes an epoch exact without reading
+    any member's data.
+
+    The reader's own rules, applied to the names alone: meta files skipped as
+    ``tar_file_iterator`` skips them, names split by ``keys`` (``base_plus_ext``) and
+    extensions lowercased as in ``group_by_keys``, one sample per run of members with one key.
+    A sample ``group_by_keys`` refuses (its key came back after it ended, a field twice) is not
+    counted: the reader drops it when the handler goes on (and raises by default); nor is the
+    sample a broken shard cut.
+    """
+    count, key, fields, closed, bad = 0, None, None, set(), False
+    for name in names:
+        if name.startswith("__") and re.match(_META_FILES, name):
+            continue
+        prefix, suffix = keys(name)
+        if prefix is None:
+            continue
+        if prefix != key:
+            if key is not None:
+                count += not bad
+                closed.add(key)
+            # the keys every sample of a local file has: a field by that name is a duplicate
+            key, fields, bad = prefix, {"__key__", "__url__"}, prefix in closed
+        suffix = suffix.lower()
+        bad = bad or suffix in fields
+        fields.add(suffix)
+    if key is not None and not bad and _complete({"__key__": key}, boundary, keys):
+        count += 1
+    return count
+
+
+def tarfile_samples(src, handler=reraise_exception, select_files=None, rename_files=None,
+                    max_member_size=None, *, opener=gopen):
+    """Shard URLs (``{"url": ...}`` dicts or strings) to samples; ``opener(url)`` opens each
+    (gopen, or the shard cache's ``FileCache.open``); ``max_member_size``: see
+    :func:`tar_file_iterator`."""
+    streams = url_opener(src, handler=handler, opener=opener)
     members = tar_file_expander(streams, handler=handler, select_files=select_files,
-                                rename_files=rename_files, boundaries=True)
+                                rename_files=rename_files, boundaries=True, max_member_size=max_member_size)
     return group_by_keys(members, handler=handler)
 
 

@@ -24,15 +24,25 @@ Differences from webdataset, all on purpose:
   first write, so an unused writer leaves no empty file behind. Shard names
   pick the compression even with an ``opener``; ``verbose`` defaults to 0 and
   its lines go to stderr.
+- An exception that leaves a ``with TarWriter(...)`` or ``with ShardWriter(...)``
+  block abandons the archive being written instead of finishing it (NOTE
+  [abandoned writes] in :mod:`wdsmp.gopen`): no end-of-archive marker and no
+  gzip trailer are written, a local file the writer opened is removed, an
+  upload is never sent, a ``pipe:`` command is terminated before its input
+  ends, ``post`` is not run for it and ``ShardWriter`` writes no index.
+  Shards a ShardWriter finished before stay as they are. Leaving the block
+  normally (or ``close()``) writes exactly what it always did.
 """
 
 import gzip
 import io
 import os
+import posixpath
 import sys
 import tarfile
 import time
 
+from .gopen import abandon, gopen
 from .encoders import (
     add_handlers,
     bytestr,
@@ -194,8 +204,6 @@ class TarWriter:
         name = os.fspath(fileobj) if isinstance(fileobj, (str, os.PathLike)) else None
         self.compress = _compression(name, compress)
         if name is not None:
-            from .gopen import gopen
-
             fileobj = self._own = gopen(name, "wb")
         self.stream = fileobj
         # tarfile's own gzip writes the current time into the header: do it ourselves, with mtime 0.
@@ -210,8 +218,27 @@ class TarWriter:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc_info):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def abort(self):
+        """Give the archive up: no end-of-archive marker, no gzip trailer, and a stream this
+        writer opened is abandoned (``gopen.abandon``: a local file removed, an upload never
+        sent). A stream the caller gave is left open, the archive in it unfinished, so readers
+        see it truncated. Idempotent; what ``with`` does on an exception."""
+        if self.closed:
+            return
+        self.closed = True
+        # Neither the tar stream nor the gzip layer may finish later, from a finalizer.
+        self.tarstream.closed = True
+        self.tarstream.fileobj.closed = True
+        if self._gzip is not None:
+            self._gzip.fileobj = None
+        if self._own is not None:
+            abandon(self._own)
 
     def close(self):
         """Finish the archive (end blocks, gzip trailer); close the stream if we opened it. Idempotent."""
@@ -246,8 +273,6 @@ class TarWriter:
 
 
 def _gopen_for_writing(fname):
-    from .gopen import gopen
-
     return gopen(fname, "wb")
 
 
@@ -263,8 +288,15 @@ class ShardWriter:
     its own. ``post(fname)`` is called after each shard is closed; ``opener(fname)``
     returns the binary stream to write it to (default: ``gopen(fname, "wb")``);
     other keyword arguments go to ``TarWriter``. ``shards`` lists the names written, ``counts``
-    their sample counts. ``index="path.json"`` writes a shard index (``wdsmp.shardindex``) of
-    them at ``close()``, so loaders know every count (``len()``, exact epochs).
+    their sample counts. ``index=True`` writes a shard index (``wdsmp.shardindex``) of them at
+    ``close()`` beside them, as ``index.json`` in the pattern's directory, where the loaders
+    look for it (``index="path.json"``: there instead), so loaders know every count (``len()``,
+    exact epochs), remote shards included.
+
+    An exception leaving a ``with`` block (or ``abort()``) abandons the shard being
+    written (see :meth:`TarWriter.abort`; the stream is abandoned as ``gopen.abandon``
+    says), runs no ``post`` for it and writes no index: an index would list the short
+    shard, or a dataset short of what the run meant to write, as complete.
     """
 
     def __init__(self, pattern, maxcount=100000, maxsize=3e9, post=None, start_shard=0,
@@ -293,6 +325,12 @@ class ShardWriter:
         self.fname = None
         self.shards = []
         self.counts = []
+        if index is True:
+            from .shardindex import INDEX_NAME
+
+            index = posixpath.join(posixpath.dirname(pattern), INDEX_NAME)
+        elif not (index is None or isinstance(index, str)):
+            raise ValueError(f"index must be True, a path or URL, or None, not {index!r}")
         self.index = index
         self.tarstream = None
         self._stream = None
@@ -357,8 +395,25 @@ class ShardWriter:
                 write_index(self.index, [(relative_url(self.index, name), count)
                                          for name, count in zip(self.shards, self.counts)])
 
+    def abort(self):
+        """Abandon the shard being written; no ``post`` for it, no index. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.tarstream is None:
+            return
+        try:
+            self.tarstream.abort()
+        finally:
+            self.tarstream = None
+            stream, self._stream = self._stream, None
+            abandon(stream)
+
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc_info):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

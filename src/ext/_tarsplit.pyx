@@ -1,5 +1,6 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
-"""Native tar splitter: the regular-file members of a tar stream as ``(name, data, offset)``.
+"""Native tar splitter: the regular-file members of a tar stream as ``(name, data, offset)``;
+``TarHeaders``: the same from a tar file's headers alone, the data jumped over by offset.
 
 The pure-Python twin is ``wdsmp/_tarsplit_py.py``; both share the cold paths
 (errors, pax headers) in ``wdsmp/tarformat.py``. Reads go into one reused buffer
@@ -13,14 +14,22 @@ from cpython.memoryview cimport PyMemoryView_FromMemory
 from libc.stdlib cimport free, malloc
 from cpython.unicode cimport PyUnicode_DecodeUTF8, PyUnicode_GET_LENGTH, PyUnicode_READ_CHAR
 from libc.string cimport memcmp, memcpy, memmove
+from libc.errno cimport EINTR, errno
+from posix.stat cimport fstat, struct_stat
+from posix.types cimport off_t
+from posix.unistd cimport pread
 
 from wdsmp import tarformat as _tf
 
 cdef enum:
     BLOCK = 512
+    LINK_MEMBERS = 64  # tarformat.LINK_MEMBERS, checked at import
 
 cdef long long MAX_SIZE = _tf.MAX_MEMBER_SIZE  # one limit for both splitters
 cdef Py_ssize_t UNTRUSTED = _tf.UNTRUSTED_CHUNK  # allocated at most before data arrives
+cdef long long LINK_WINDOW = _tf.LINK_WINDOW
+if _tf.LINK_MEMBERS != LINK_MEMBERS:
+    raise ImportError("src/ext/_tarsplit.pyx and wdsmp/tarformat.py disagree on LINK_MEMBERS")
 
 
 cdef long long _number(const unsigned char* p, int n) noexcept nogil:
@@ -90,17 +99,29 @@ cdef class TarSplitter:
 
     Yields ``(name, data, offset)``: the member path (str), its contents
     (bytes) and the byte offset where its headers start (as ``tarfile``'s
-    ``TarInfo.offset``: a GNU long-name or pax header counts as the start). Directories,
-    links and special files are skipped; GNU long names and pax ``path`` and
-    ``size`` records are applied. Damage raises ``TarFormatError`` naming
-    ``url`` and the offset: a stream that ends without the end-of-archive
-    marker is an error, not a short shard.
+    ``TarInfo.offset``: a GNU long-name or pax header counts as the start). Directories
+    are skipped; hard and symbolic links to members read shortly before come with those
+    members' data, and ``links`` lists them (NOTE [tar links] in ``tarformat``); GNU long
+    names and pax ``path``, ``linkpath`` and ``size`` records are applied. Damage raises
+    ``TarFormatError`` naming ``url`` and the offset: a stream that ends without the
+    end-of-archive marker is an error, not a short shard; so are a member larger than
+    ``max_member_size`` (default: ``tarformat.member_size_limit()``), devices, FIFOs and
+    unknown member types. ``reading`` is ``(name, offset)`` of the member whose data is
+    being read, None between members: where a failing stream broke off.
     """
 
     cdef object stream
     cdef object _readinto
     cdef object _read
     cdef readonly object url
+    cdef readonly long long max_member_size
+    cdef readonly list links
+    cdef readonly object reading  # (name, offset) of the member whose data is being read, or None
+    # The members held for links (NOTE [tar links] in tarformat): a ring of names and data.
+    cdef list _names, _datas
+    cdef long long _sizes[LINK_MEMBERS]
+    cdef int _oldest, _count
+    cdef long long _held
     cdef unsigned char* buf
     cdef Py_ssize_t bufsize, start, end
     cdef readonly long long position  # stream offset of buf[start]
@@ -109,9 +130,16 @@ cdef class TarSplitter:
     def __cinit__(self):
         self.buf = NULL
 
-    def __init__(self, stream, url=None, Py_ssize_t bufsize=1 << 20):
+    def __init__(self, stream, url=None, Py_ssize_t bufsize=1 << 20, max_member_size=None):
         if bufsize < 4 * BLOCK or bufsize % BLOCK:
             raise ValueError(f"bufsize must be a multiple of {BLOCK} and at least {4 * BLOCK}")
+        self.max_member_size = _tf.member_size_limit(max_member_size)
+        self.links = []
+        self._names = [None] * LINK_MEMBERS
+        self._datas = [None] * LINK_MEMBERS
+        self._oldest = self._count = 0
+        self._held = 0
+        self.reading = None
         self.stream = stream
         # readinto1 where there is one: a single read at a time, so what a stream
         # delivered before failing (a cut gzip file) is split before the error.
@@ -262,8 +290,10 @@ cdef class TarSplitter:
         cdef Py_ssize_t avail
         cdef long long hoff, size, usum, moff = -1  # moff: where the member's first header starts
         cdef unsigned char typeflag
+        cdef bint regular
         cdef bytes raw, data
         longname = None
+        longlink = None
         pax = None
         while not self.done:
             hoff = self.position
@@ -303,36 +333,150 @@ cdef class TarSplitter:
                 name = PyUnicode_DecodeUTF8(<char*>h, _cstrlen(h, 100), "surrogateescape")
             if pax is not None and "size" in pax:
                 size = pax["size"]
+            regular = typeflag == c'0' or typeflag == 0 or typeflag == c'7'
+            if size > self.max_member_size and typeflag != c'g' and typeflag != c'V' and typeflag != c'D':
+                raise _tf.member_too_large(self.url, name if regular else None, hoff, size, self.max_member_size)
+            if typeflag == c'1' or typeflag == c'2':
+                if longlink is not None:
+                    target = longlink
+                elif pax is not None and "linkpath" in pax:
+                    target = pax["linkpath"]
+                else:
+                    target = _tf.decode_name((<char*>h + 157)[:_cstrlen(h + 157, 100)])
             self.start += BLOCK
             self.position += BLOCK
-            if typeflag == c'0' or typeflag == 0 or typeflag == c'7':
-                data = self._take(size, name, hoff)
+            if regular:
+                self.reading = (name, moff)
+                data = self._member(size, name, hoff)
+                self.reading = None
                 if PyUnicode_GET_LENGTH(name) and PyUnicode_READ_CHAR(name, PyUnicode_GET_LENGTH(name) - 1) == 47:
                     # a name ending in "/": an old-style directory entry
-                    longname = pax = None
+                    longname = longlink = pax = None
                     moff = -1
                     continue
+                self._remember(name, data, size)
+                return (name, data, moff)
+            if typeflag == c'1' or typeflag == c'2':
+                data, linked = _tf.resolve_link(self.url, bytes([typeflag]), name, target, moff,
+                                                self._held_members())
+                self.links.append((name, target, moff))
+                self._remember(name, data, linked)
                 return (name, data, moff)
             # Errors inside extension headers name no member: the member they
             # belong to is not known yet.
             if typeflag == c'L':
                 longname = _tf.decode_name(self._take(size, None, hoff).split(b"\0", 1)[0])
+            elif typeflag == c'K':
+                longlink = _tf.decode_name(self._take(size, None, hoff).split(b"\0", 1)[0])
             elif typeflag == c'x':
                 pax = _tf.parse_pax(self._take(size, None, hoff), self.url, hoff)
             elif typeflag == c'S':
                 raise _tf.unsupported_sparse(self.url, name, hoff)
-            elif c'1' <= typeflag <= c'6':
-                longname = pax = None
+            elif typeflag == c'5':
+                longname = longlink = pax = None
                 moff = -1
-            else:  # GNU long link, pax global header, anything unknown: skip its data
-                if typeflag != c'K' and typeflag != c'g':
-                    longname = pax = None
+            elif typeflag == c'g' or typeflag == c'V' or typeflag == c'D':  # metadata: skip its data
+                if typeflag != c'g':
+                    longname = longlink = pax = None
                     moff = -1
                 else:
                     name = None
                 self._skip((size + BLOCK - 1) // BLOCK * BLOCK, name, hoff, 0,
                            (size + BLOCK - 1) // BLOCK * BLOCK)
+            else:
+                raise _tf.unsupported_type(self.url, name, hoff, bytes([typeflag]))
         raise StopIteration
+
+    cdef void _forget_oldest(self):
+        cdef int i = self._oldest
+        self._names[i] = None
+        self._datas[i] = None
+        self._held -= self._sizes[i]
+        self._oldest = (i + 1) % LINK_MEMBERS
+        self._count -= 1
+
+    cdef void _remember(self, object name, object data, long long size):
+        """Hold a member of ``size`` bytes for links: the last LINK_MEMBERS, within LINK_WINDOW
+        bytes, the newest always (``data`` is None where only headers are read)."""
+        cdef int i
+        if self._count == LINK_MEMBERS:
+            self._forget_oldest()
+        i = (self._oldest + self._count) % LINK_MEMBERS
+        self._names[i] = name
+        self._datas[i] = data
+        self._sizes[i] = size
+        self._held += self._sizes[i]
+        self._count += 1
+        while self._held > LINK_WINDOW and self._count > 1:
+            self._forget_oldest()
+
+    cdef list _held_members(self):
+        """``[(name, data, size)]`` of the members held, oldest first."""
+        cdef int k, i
+        result = []
+        for k in range(self._count):
+            i = (self._oldest + k) % LINK_MEMBERS
+            result.append((self._names[i], self._datas[i], self._sizes[i]))
+        return result
+
+    cdef object _member(self, long long size, object name, long long hoff):
+        """A regular member's data (``TarHeaders`` skips it instead)."""
+        return self._take(size, name, hoff)
 
     cdef bytes _head(self, Py_ssize_t n):
         return (<char*>self.buf + self.start)[:n]
+
+
+cdef class TarHeaders(TarSplitter):
+    """The regular-file members of an uncompressed tar file, from their headers alone: yields
+    ``(name, None, offset)`` as ``TarSplitter`` yields ``(name, data, offset)``, with the same
+    names (GNU long names, pax records) and the same errors, but member data is never read:
+    the walk jumps over it with ``pread`` on the file's descriptor, so a shard costs a few
+    small reads per member whatever its size. ``file`` is a binary file object opened on a
+    regular file; it is read from its start, and its size (``fstat``) tells a truncated
+    member from a whole one.
+    """
+
+    cdef int fd
+    cdef long long size  # of the file
+    cdef long long offset  # file offset of buf[end], where the next read goes
+
+    def __init__(self, file, url=None, Py_ssize_t bufsize=4096, max_member_size=None):
+        super().__init__(file, url, bufsize, max_member_size)
+        self.fd = file.fileno()
+        cdef struct_stat info
+        if fstat(self.fd, &info) != 0:
+            raise OSError(errno, f"cannot stat the shard {url!r}")
+        self.size = info.st_size
+        self.offset = 0
+
+    cdef Py_ssize_t _readinto_mem(self, unsigned char* dest, Py_ssize_t n) except -1:
+        cdef ssize_t k
+        while True:
+            with nogil:
+                k = pread(self.fd, dest, n, self.offset)
+            if k >= 0:
+                break
+            if errno != EINTR:
+                raise OSError(errno, f"cannot read the shard {self.url!r}")
+        self.offset += k
+        return k
+
+    cdef int _skip(self, long long n, object name, long long hoff, long long got, long long padded) except -1:
+        """Jump over n bytes: the buffered ones, then the rest by offset, if the file has them."""
+        cdef Py_ssize_t buffered = self.end - self.start
+        if n <= buffered:
+            self.start += <Py_ssize_t>n
+            self.position += n
+            return 0
+        if self.position + n > self.size:
+            raise _tf.truncated_member(self.url, name, hoff, got + max(self.size - self.position, 0), padded)
+        self.position += n
+        self.offset = self.position
+        self.start = self.end = 0
+        return 0
+
+    cdef object _member(self, long long size, object name, long long hoff):
+        cdef long long padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        self._skip(padded, name, hoff, 0, padded)
+        return None

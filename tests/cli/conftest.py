@@ -25,3 +25,15 @@ def wdsmp_run(tmp_path):
                               capture_output=True, text=text, env=environment, timeout=timeout)
 
     return run
+
+
+@pytest.fixture
+def wdsmp_start(tmp_path):
+    """``wdsmp_start(*args, cwd=tmp_path)`` starts ``wdsmp args...`` and returns its Popen at once
+    (output discarded); the test must end it."""
+
+    def start(*args, cwd=None):
+        return subprocess.Popen(_command() + [str(a) for a in args], cwd=cwd or tmp_path,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    return start

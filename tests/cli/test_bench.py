@@ -1,5 +1,6 @@
 """``wdsmp bench``: the loader benchmark runs from the installed package, all three contenders."""
 
+import argparse
 import json
 import shlex
 import sys
@@ -8,7 +9,8 @@ import numpy as np
 import simplejpeg
 
 import wdsmp
-from wdsmp.benchmark import CONTENDERS, Result, as_json
+from wdsmp.benchmark import CONTENDERS, STAGE_GROUPS, Result, as_json, open_corpus, picture
+from wdsmp.benchplot import rates
 from wdsmp.cli import main
 from wdsmp.shardindex import write_index
 
@@ -31,16 +33,40 @@ def _tiny_corpus(directory, shards=2, per_shard=16):
                 command="test_bench.py")
 
 
-def test_bench_prints_the_three_contenders(tmp_path, capsys):
+def test_bench_prints_the_three_contenders_and_draws_them(tmp_path, capsys):
     _tiny_corpus(tmp_path)
+    picture = tmp_path / "bench.png"
     argv = ["bench", "--corpus", str(tmp_path), "--workers", "1", "--batch-size", "8", "--seconds", "0.3",
-            "--warmup", "0", "--rounds", "1"]
+            "--warmup", "0", "--rounds", "1", "--plot", str(picture)]
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert out.startswith(f"# {shlex.join(['wdsmp', *argv])}\n# corpus: 32 images")  # the command main was given
+    region = "on" if wdsmp.native.jpeg_region_available() else "off"
+    assert f"\n# region decoding: {region} (" in out
     rows = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| ")]
     assert rows == ["| contender", "| DataLoader pipeline", "| FastLoader", "| decode-only ceiling"]
-    assert "round 1/1: FastLoader" in err
+    assert "\n- FastLoader: " in out and "-bound" in out.split("\n- FastLoader: ")[1].split("\n")[0]
+    assert "round 1/1: FastLoader" in err and f"# picture: {picture}" in err
+    assert picture.read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_time_per_image_by_stage_of_each_contender(tmp_path):
+    _tiny_corpus(tmp_path)
+    args = argparse.Namespace(workers=1, batch_size=8, seconds=0.3, warmup=0.0)
+    corpus = open_corpus(str(tmp_path), 1)
+    for name in ("DataLoader pipeline", "FastLoader"):
+        result = CONTENDERS[name](corpus, args)
+        assert list(result.stages) == [*STAGE_GROUPS, "other"] and result.stages["decode"] > 0, result.stages
+        assert result.series[0][1] == 8 and all(a[0] <= b[0] and a[1] < b[1]
+                                                for a, b in zip(result.series, result.series[1:]))
+
+
+def test_the_rate_over_time_counts_the_last_seconds():
+    assert rates([]) == ([0.0], [0.0])
+    times, values = rates([(1.0, 10), (2.0, 20), (2.0, 30), (5.0, 40), (9.0, 50)], window=3.0)
+    assert times == [0.0, 1.0, 2.0, 2.0, 5.0, 9.0]
+    # from 0 s until 3 s have passed; then over (t - 3, t]: two batches at once make no spike
+    assert values == [0.0, 10 / 1, 20 / 2, 30 / 2, (40 - 30) / 3, (50 - 40) / 3]
 
 
 def test_swap_import_adds_the_user_pipeline_with_each_library(tmp_path, capsys, monkeypatch):
@@ -88,3 +114,11 @@ def test_json_summary_has_the_best_round_and_every_round():
     assert summary["FastLoader"]["images_per_s"] == 201.0 and summary["FastLoader"]["rounds"] == [200.0, 201.0]
     assert json.loads(json.dumps(summary)) == summary
 
+
+def test_without_matplotlib_the_benchmark_says_how_to_get_the_picture(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as where it is not installed
+    rounds = {name: [Result(100.0, series=[(1.0, 8)], stages={"decode": 1.0})] for name in CONTENDERS}
+    corpus = argparse.Namespace(index={"samples": 32, "mean_width": 64, "mean_height": 48})
+    args = argparse.Namespace(plot=str(tmp_path / "x.png"), workers=1, batch_size=8)
+    assert picture(rounds, corpus, args) == "# no picture: the picture needs matplotlib: pip install 'wdsmp[plot]'"
+    assert not (tmp_path / "x.png").exists()

@@ -1,11 +1,15 @@
 """``wdsmp convert``: a function over every sample, one output shard per input, on a local
 process pool or a Dask cluster; complete outputs only, resumable, failures named."""
 
+import contextlib
 import json
 import os
+import signal
 import sys
+import time
 from concurrent.futures import Future
 
+import psutil
 import pytest
 
 import wdsmp
@@ -32,6 +36,13 @@ def relabel(sample):
         return None
     out = {"__key__": sample["__key__"], "txt": sample["txt"].upper(), "cls": label}
     return [out, dict(out, __key__=sample["__key__"] + "_copy")] if label == 1 else out
+
+
+def stall(sample):
+    """Never returns in time: a worker is busy with it when the run is killed."""
+    import time
+
+    time.sleep(600)
 '''
 
 SAMPLES = 7  # per shard: classes 0, 1, 2, 0, 1, 2, 0 -> 3 dropped, 2 doubled, 2 kept: 6 out
@@ -94,6 +105,31 @@ def test_a_worker_that_dies_fails_its_shard_and_starts_nothing_more(shards, wdsm
     summary = json.loads(result.stdout)
     assert (summary["done"], summary["failed"], summary["not_started"]) == (1, 1, 1)
     assert sorted(os.listdir(shards / "out")) == [".partial-b.tar", "a.tar"]  # a rerun overwrites the partial
+
+
+def test_killing_the_command_leaves_no_process_behind(shards, wdsmp_start):
+    """SIGKILL to the command (nothing runs a clean-up): its pool workers exit, busy or idle,
+    and then the fork server and the resource tracker, which they kept open."""
+    command = wdsmp_start("convert", "--map", "maps:stall", "-o", "out", "--workers", "2", "in/{a,b,c}.tar")
+    helpers = []
+    try:
+        deadline = time.monotonic() + 60
+        while not ((shards / "out").is_dir() and len(os.listdir(shards / "out")) == 2):
+            assert time.monotonic() < deadline and command.poll() is None, "the workers did not start"
+            time.sleep(0.1)  # each worker has opened its shard's partial output: both are busy
+        helpers = psutil.Process(command.pid).children(recursive=True)
+        assert len(helpers) >= 4  # fork server, resource tracker, two workers
+        command.send_signal(signal.SIGKILL)
+        assert command.wait(10) == -signal.SIGKILL
+        _, alive = psutil.wait_procs(helpers, timeout=15)
+        assert alive == [], f"left running: {[' '.join(p.cmdline())[:120] for p in alive]}"
+    finally:
+        for process in helpers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        if command.poll() is None:
+            command.kill()
+            command.wait()
 
 
 @pytest.fixture

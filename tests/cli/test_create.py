@@ -113,7 +113,7 @@ def test_imagefolder(tmp_path, capsys):
     (["--imagefolder", "-o", "-", "src"], "--imagefolder needs --classes FILE"),
     (["--recipe", "r", "-o", "x.tar", "src"], "give either a SOURCE"),
     (["-o", "x.tar"], "give either a SOURCE"),
-    (["--recipe", "r", "--imagefolder", "-o", "x.tar"], "--imagefolder reads a directory"),
+    (["--recipe", "r", "--imagefolder", "-o", "x.tar"], "--imagefolder and --follow-links read a directory"),
     (["--classes", "c.json", "-o", "x.tar", "src"], "--classes goes with --imagefolder"),
     (["--maxcount", "3", "-o", "x.tar", "src"], "--maxcount and --maxsize cut a series"),
     (["--json", "-o", "-", "src"], "--json prints on stdout"),
@@ -221,7 +221,8 @@ def test_sigterm_removes_partial_files(tmp_path, monkeypatch):
 
 
 def test_sources_are_never_outputs(tmp_path, capsys, monkeypatch):
-    """Not even with --force: the recipe, its local sources, the files of a tree (links followed)."""
+    """Not even with --force: the recipe, its local sources, the files of a tree (a link out of
+    the tree is not read, so what it names is no input)."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "data.tar").write_bytes(b"source")
     (tmp_path / "recipe").write_text("a.bin data.tar\nb.txt text:x\n")
@@ -230,10 +231,11 @@ def test_sources_are_never_outputs(tmp_path, capsys, monkeypatch):
         assert "is an input; it cannot be an output too" in capsys.readouterr().err
     make_tree(tmp_path / "src", {"a.txt": b"a"})
     (tmp_path / "src" / "b.bin").symlink_to(tmp_path / "data.tar")
-    assert main(["create", "-q", "--force", "-o", "data.tar", "src"]) == 2
-    assert "data.tar is an input" in capsys.readouterr().err
-    assert (tmp_path / "data.tar").read_bytes() == b"source"
     assert (tmp_path / "recipe").read_text() == "a.bin data.tar\nb.txt text:x\n"
+    for follow in ([], ["--follow-links"]):
+        assert main(["create", "-q", "--force", *follow, "-o", "data.tar", "src"]) == 0
+        assert "skipping src/b.bin: a symbolic link to" in capsys.readouterr().err
+        assert members(tmp_path / "data.tar") == [("a.txt", b"a")]
 
 
 def test_class_index_is_part_of_the_output(tmp_path, capsys, monkeypatch):
@@ -247,3 +249,44 @@ def test_class_index_is_part_of_the_output(tmp_path, capsys, monkeypatch):
                  "-o", "out/s-%d.tar", "photos"]) == 1
     assert "afile" in capsys.readouterr().err
     assert os.listdir(tmp_path / "out") == []
+
+
+def test_symbolic_links_are_skipped_and_named_unless_followed_inside_the_tree(tmp_path, capsys):
+    secret = tmp_path / "private"
+    secret.mkdir()
+    (secret / "id_rsa.key").write_bytes(b"PRIVATE KEY")
+    root = tmp_path / "tree"
+    make_tree(root, {"a/1.txt": b"one"})
+    os.symlink(secret / "id_rsa.key", root / "a" / "2.txt")  # a file outside the tree
+    os.symlink("1.txt", root / "a" / "3.txt")  # a file inside
+    os.symlink(root / "a", root / "b")  # a directory inside
+    os.symlink(secret, root / "c")  # a directory outside
+    os.symlink(root, root / "a" / "loop")  # a directory above: a cycle
+    os.symlink("gone.txt", root / "a" / "4.txt")  # dangling
+    assert main(["create", "-q", "-o", str(tmp_path / "plain.tar"), str(root)]) == 0
+    err = capsys.readouterr().err
+    assert dict(members(tmp_path / "plain.tar")) == {"a/1.txt": b"one"}
+    for name in ("a/2.txt", "a/3.txt", "b", "c", "a/loop", "a/4.txt"):
+        assert f"skipping {root / name}: a symbolic link to" in err, (name, err)
+    assert "not followed (--follow-links follows links that stay inside SOURCE)" in err
+    assert main(["create", "-q", "--follow-links", "-o", str(tmp_path / "followed.tar"), str(root)]) == 0
+    err = capsys.readouterr().err
+    got = dict(members(tmp_path / "followed.tar"))
+    assert got == {"a/1.txt": b"one", "a/3.txt": b"one", "b/1.txt": b"one", "b/3.txt": b"one"}
+    assert b"PRIVATE KEY" not in (tmp_path / "followed.tar").read_bytes()
+    assert f"skipping {root / 'a' / '2.txt'}: a symbolic link to {str(secret / 'id_rsa.key')!r}, outside SOURCE" in err
+    assert f"skipping {root / 'c'}: a symbolic link to {str(secret)!r}, outside SOURCE" in err
+    assert f"skipping {root / 'a' / 'loop'}: a symbolic link to {str(root)!r}, a directory above it" in err
+    assert f"skipping {root / 'a' / '4.txt'}: a symbolic link to 'gone.txt', which does not exist" in err
+
+
+def test_imagefolder_classes_follow_the_same_rule_for_links(tmp_path, capsys):
+    root = tmp_path / "tree"
+    make_tree(root, {"cat/1.jpg": b"c", "dog/1.jpg": b"d"})
+    os.symlink(root / "cat", root / "kitten")
+    assert main(["create", "-q", "--imagefolder", "-o", str(tmp_path / "out" / "s.tar"), str(root)]) == 0
+    assert json.loads((tmp_path / "out" / "classes.json").read_text()) == {"cat": 0, "dog": 1}
+    assert main(["create", "-q", "--imagefolder", "--follow-links", "--force",
+                 "-o", str(tmp_path / "out" / "s.tar"), str(root)]) == 0
+    assert json.loads((tmp_path / "out" / "classes.json").read_text()) == {"cat": 0, "dog": 1, "kitten": 2}
+    assert dict(members(tmp_path / "out" / "s.tar"))["kitten/1.cls"] == b"2"

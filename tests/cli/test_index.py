@@ -41,6 +41,16 @@ def test_index_from_the_command_line(tmp_path, wdsmp_run):
     assert shard_counts(str(tmp_path / "data" / "index.json")) == list(zip(shards + [outside], [1, 2, 3, 3]))
 
 
+def test_wdsmp_index_writes_index_json_beside_local_shards(tmp_path, capsys):
+    (tmp_path / "data").mkdir()
+    urls = [write_shard(tmp_path / "data" / f"train-{i}.tar", n) for i, n in enumerate((2, 3))]
+    assert main(["index", "-q", str(tmp_path / "data" / "train-*.tar")]) == 0
+    assert json.loads((tmp_path / "data" / "index.json").read_text())["shards"][1]["samples"] == 3
+    other = write_shard(tmp_path / "other.tar", 1)
+    assert main(["index", "-q", urls[0], other]) == 2
+    assert "give -o: the shards are not local files in one directory" in capsys.readouterr().err
+
+
 def test_no_clobbering_without_force_and_the_json_summary(tmp_path, capsys):
     shard = write_shard(tmp_path / "a.tar")
     index = tmp_path / "index.json"

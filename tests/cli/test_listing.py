@@ -100,8 +100,9 @@ def test_info_json(tmp_path, capsys):
         "cls": dict(samples=2, bytes=2, mean_bytes=1.0),
         "jpg": dict(samples=3, bytes=3000, mean_bytes=1000.0),
     }
-    assert info["shards"] == [dict(url=str(one), samples=2, bytes=1005, members=6, outside=1),
-                              dict(url=str(two), samples=1, bytes=2000, members=1, outside=0)]
+    assert info["shards"] == [dict(url=str(one), samples=2, bytes=1005, members=6, outside=1, links=0),
+                              dict(url=str(two), samples=1, bytes=2000, members=1, outside=0, links=0)]
+    assert info["links"] == 0
 
 
 def test_info_text(tmp_path, capsys, monkeypatch):
@@ -135,3 +136,23 @@ def test_missing_and_unreadable_inputs(tmp_path, capsys, command):
 def test_human():
     assert [human(n) for n in (0, 999, 1000, 1_234_567, 5e12, 7e15)] == [
         "0 B", "999 B", "1.0 kB", "1.2 MB", "5.0 TB", "7000.0 TB"]
+
+
+def test_ls_and_info_read_the_shards_of_an_index(tmp_path, capsys):
+    for name in ("a", "b"):
+        write_shard(tmp_path / f"{name}.tar", SAMPLES)
+    wds.shardindex.write_index(str(tmp_path / "index.json"), [("a.tar", 2), ("b.tar", 2)])
+    assert main(["ls", str(tmp_path / "index.json")]) == 0
+    shards = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
+    assert shards == [str(tmp_path / "a.tar")] * 5 + [str(tmp_path / "b.tar")] * 5  # relative to the index
+    assert main(["info", "-q", "--json", str(tmp_path / "index.json")]) == 0
+    assert json.loads(capsys.readouterr().out)["samples"] == 4
+    assert main(["info", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read the shard index" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["ls", "info"])
+def test_an_unknown_url_scheme_is_a_usage_error_not_a_damaged_shard(command, capsys):
+    assert main([command, "nosuch://host/a.tar"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith(f"wdsmp {command}: nosuch://host/a.tar: no opener for its URL scheme")

@@ -250,3 +250,72 @@ def test_remote_shards_against_a_remote_index(tmp_path, capsys, http_server, ind
         f"{url}: {len(cut)} bytes, the index says {len(whole)}",
         f"{url}: sha256 {hashlib.sha256(cut).hexdigest()}, the index says {hashlib.sha256(whole).hexdigest()}",
         f"verified 3 shards, 10 samples, {2 * len(whole) + len(cut):,} bytes: 3 problems in 1 shard"]
+
+
+def linked_shard(tmp_path):
+    """A shard as GNU tar writes it from a tree where b.jpg is a hard link of a.jpg."""
+    import os
+    import shutil
+    import subprocess
+
+    if shutil.which("tar") is None:
+        pytest.skip("no tar command")
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "a.jpg").write_bytes(image(0))
+    (tree / "a.cls").write_bytes(b"0")
+    os.link(tree / "a.jpg", tree / "b.jpg")
+    (tree / "b.cls").write_bytes(b"1")
+    path = tmp_path / "linked.tar"
+    subprocess.run(["tar", "cf", str(path), "-C", str(tree), "a.cls", "a.jpg", "b.cls", "b.jpg"], check=True)
+    return path
+
+
+def test_verify_info_and_index_tell_of_link_members(tmp_path, capsys):
+    path = linked_shard(tmp_path)
+    status, out = verify(capsys, path)
+    assert status == 0
+    assert re.search(r"note: .*linked.tar, member 'b.jpg', offset \d+: link member read as 'a.jpg'.*"
+                     r"tar --hard-dereference", out)
+    assert "verified 1 shard, 2 samples" in out and "(1 note)" in out
+    assert main(["info", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "members   4 (1 links)" in captured.out
+    assert "1 link member (hard or symbolic, e.g. 'b.jpg' -> 'a.jpg')" in captured.err
+    assert main(["index", "-q", "-o", str(tmp_path / "index.json"), str(path)]) == 0
+    assert "note:" in capsys.readouterr().err and read_entries(str(tmp_path / "index.json"))[0]["samples"] == 2
+    assert main(["index", "-q", "--format", "dali", "-o", str(tmp_path / "dali"), str(path)]) == 1
+    assert "a link member (to 'a.jpg')" in capsys.readouterr().err
+    samples = list(wds.WebDataset(str(path), shardshuffle=False))
+    assert [sorted(s) for s in samples] == [["__key__", "__local_path__", "__url__", "cls", "jpg"]] * 2
+    assert samples[1]["jpg"] == image(0)
+
+
+def test_an_index_without_sizes_or_digests_says_what_it_could_not_check(tmp_path, capsys):
+    with wds.ShardWriter(str(tmp_path / "s-%02d.tar"), maxcount=3, index=str(tmp_path / "index.json")) as sink:
+        for i in range(5):
+            sink.write({"__key__": f"k{i}", "txt": "hello"})
+    path = tmp_path / "s-00.tar"
+    data = bytearray(path.read_bytes())
+    data[offsets(str(path))["k0.txt"] + 512] ^= 1  # a copy with one byte flipped: counts alike, bytes not
+    path.write_bytes(bytes(data))
+    status, out = verify(capsys, "--index", str(tmp_path / "index.json"))
+    assert status == 0  # nothing the index holds disagrees ...
+    assert out.splitlines()[-1] == ("note: the index has no sizes and no sha256 digests: those checks were not "
+                                    "made, a changed byte would pass unseen (`wdsmp index` writes a manifest with "
+                                    "both)")  # ... and it says so
+    status, out = verify(capsys, "--json", "--index", str(tmp_path / "index.json"))
+    assert json.loads(out)["unchecked"].startswith("the index has no sizes and no sha256 digests")
+
+
+def test_an_index_with_sizes_and_digests_adds_no_note(capsys, indexed):
+    shards, index = indexed
+    status, out = verify(capsys, "--index", index)
+    assert status == 0 and "note:" not in out
+    assert json.loads(verify(capsys, "--json", "--index", index)[1])["unchecked"] is None
+
+
+def test_an_unknown_url_scheme_is_a_usage_error(capsys):
+    assert main(["verify", "nosuch://host/a.tar"]) == 2
+    assert capsys.readouterr().err.startswith("wdsmp verify: nosuch://host/a.tar: no opener for its URL scheme "
+                                              "(known schemes: file, pipe, http")

@@ -3,6 +3,7 @@
 import io
 import math
 import random
+import re
 import struct
 import sys
 import time
@@ -22,12 +23,15 @@ from wdsmp.fast.imagedecode import (
     center_crop_box,
     dct_scale,
     decode_into,
+    decode_with_options,
     random_resized_crop_box,
 )
+from wdsmp.fast.options import DecodeOptions
 from wdsmp.native import jpeg_region_available, jpeg_region_module
 
 from benchmarks.photos import photo
 
+from ..conftest import region_decoder_missing
 from .test_imgops import kernel
 
 
@@ -73,7 +77,7 @@ def region(request, impl):
     """Run a JPEG test with the region decoder and with whole-image decoding; the first
     only where the region decoder is in use (built, and the native core selected)."""
     if request.param == "region" and not jpeg_region_available():
-        pytest.skip("the JPEG region decoder is not in use")
+        pytest.skip(region_decoder_missing())
     return request.param == "region"
 
 
@@ -434,7 +438,24 @@ def test_bad_arguments(out, kw, match):
 def test_image_info():
     out, info = decode(jpeg(40, 50), (16, 16), region=False)
     assert isinstance(info, ImageInfo)
-    assert info._replace(box=None) == ImageInfo(40, 50, None, False, (20, 25), "jpeg")  # at 1/2 scale
+    assert info._replace(box=None) == ImageInfo(40, 50, None, False, (20, 25), "jpeg", 4, False)  # at 1/2 scale
+
+
+class Clock:
+    decode_ns = resize_ns = 0
+
+
+def test_image_info_says_how_a_jpeg_was_decoded_and_the_clock_gets_the_time(region):
+    clock = Clock()
+    out = np.zeros((32, 32, 3), np.uint8)
+    info = decode_with_options(jpeg(300, 200), out, DecodeOptions(train=False, region=region), None, clock=clock)
+    assert (info.kind, info.scale, info.region) == ("jpeg", dct_scale(300, 200, *info.box[2:], 32, 32), region)
+    assert info.scale == 2  # 1/4 still covers 32 x 32
+    full = decode_with_options(jpeg(300, 200), out, DecodeOptions(train=False, dct_scaling=False, region=False), None)
+    assert (full.scale, full.region) == (8, False)
+    assert clock.decode_ns > 0 and clock.resize_ns > 0
+    png = decode_with_options(encode(photo(30, 20, 0), "PNG"), out, DecodeOptions(train=False), None, clock=clock)
+    assert (png.kind, png.scale, png.region) == ("pil", 8, False)
 
 
 # The JPEG region decoder (NOTE [jpeg regions]).
@@ -448,7 +469,7 @@ def jpegregion():
     """The region decoder module; the test is skipped where it is not in use."""
     module = jpeg_region_module()
     if module is None:
-        pytest.skip("the JPEG region decoder is not in use (not built, or WDSMP_PUREPYTHON=1)")
+        pytest.skip(region_decoder_missing())
     return module
 
 
@@ -756,3 +777,63 @@ def test_region_decoder_refuses_unusual_sampling_layouts(jpegregion):
     for n in (2, 4, 8):
         with pytest.raises(ValueError, match=r"sampling factors \(2x2, 1x1, 1x4\) are not a layout"):
             jpegregion.decode_region(bytes(data), n, 0, 0, 4, 4, **LIMITS)
+
+
+# Decompression bombs under the size limits: the per-image budget.
+
+
+def test_image_bombs_are_refused_by_the_budget_under_a_memory_limit(tmp_path):
+    """A 28-byte WebP and a 168 kB PNG claiming 13000 x 13000: under the size limits, but 2-3
+    GiB to decode whole; FastLoader's decoder refuses them (a 224 x 224 output's budget is
+    64 Mi pixels), in a process that could not hold them."""
+    from tests.bombs import png_of_zeros, run_limited, webp_of_zeros
+
+    (tmp_path / "bomb.png").write_bytes(png_of_zeros(13000, 13000))
+    (tmp_path / "bomb.webp").write_bytes(webp_of_zeros(13000, 13000))
+    status, out = run_limited(f"""
+        import numpy as np
+        from wdsmp.fast.imagedecode import decode_into
+        out = np.zeros((224, 224, 3), np.uint8)
+        for ext in ["png", "webp"]:
+            try:
+                decode_into(open(f"{tmp_path}/bomb.{{ext}}", "rb").read(), out, False, None, url="s.tar",
+                            member=f"k.{{ext}}")
+            except Exception as exn:
+                print(type(exn).__name__, exn)
+        """)
+    assert status == 0, out
+    for fmt, ext in (("PNG", "png"), ("WEBP", "webp")):
+        assert re.search(rf"DecodeError the {fmt} image decodes to 13000x13000 = 169000000 pixels, more than the "
+                         rf"budget of 67108864 pixels per image.*shard 's.tar', member 'k.{ext}'", out), out
+
+
+def test_the_budget_follows_the_output_size_and_can_be_set(monkeypatch):
+    from tests.bombs import png_of_zeros
+    from wdsmp.fast.options import DecodeOptions
+    from wdsmp.fast.imagedecode import decode_with_options
+
+    png = png_of_zeros(9000, 8000)  # 72 Mi pixels: past the default, within a 1024 x 1024 output's budget
+    with pytest.raises(DecodeError, match="budget of 67108864"):
+        decode_into(png, np.zeros((224, 224, 3), np.uint8), False, None)
+    assert decode_into(png, np.zeros((1024, 1024, 3), np.uint8), False, None).kind == "pil"
+    with pytest.raises(DecodeError, match="budget of 1000 pixels"):
+        decode_with_options(png, np.zeros((8, 8, 3), np.uint8), DecodeOptions(False, max_pixels=1000), None)
+    monkeypatch.setenv("WDSMP_MAX_IMAGE_PIXELS", "1000")
+    with pytest.raises(DecodeError, match="budget of 1000 pixels"):
+        decode_into(png, np.zeros((1024, 1024, 3), np.uint8), False, None)
+    with pytest.raises(ValueError, match="max_image_pixels must be a positive"):
+        DecodeOptions(max_pixels=0)
+
+
+def test_a_large_jpeg_is_decoded_at_reduced_size_within_the_budget(monkeypatch):
+    """JPEGs are decoded at a DCT scale first (also those Pillow decodes: CMYK), so a large one
+    meets the budget only at full size."""
+    big = PIL.Image.new("CMYK", (4000, 3000), (0, 0, 0, 0))
+    stream = io.BytesIO()
+    big.save(stream, "JPEG")
+    cmyk = stream.getvalue()
+    monkeypatch.setenv("WDSMP_MAX_IMAGE_PIXELS", str(1 << 20))  # 12 Mi pixels whole, 0.2 Mi at 1/8
+    info = decode_into(cmyk, np.zeros((64, 64, 3), np.uint8), False, None)
+    assert info.kind == "pil" and info.decoded == (375, 500) and info.height == 3000
+    with pytest.raises(DecodeError, match="the JPEG image decodes to 4000x3000"):
+        decode_into(cmyk, np.zeros((64, 64, 3), np.uint8), False, None, dct_scaling=False)

@@ -116,14 +116,68 @@ def test_exactly_once_across_two_ranks_of_two_workers(shards):
             assert sum(n - 1 for n in seen.values()) == 72 - total
 
 
-def test_unknown_counts_read_every_sample_once(shards):
+def test_whole_shard_epochs_read_every_sample_once(shards):
     urls, _, labels = shards
-    with _loader(urls, keys=True, num_workers=2) as loader:
-        with pytest.raises(TypeError, match="sample count"):
+    with _loader(urls, keys=True, num_workers=2, exact=False) as loader:
+        with pytest.raises(TypeError, match="exact epochs"):
             len(loader)
         keys, sizes = _keys(loader)
     assert sorted(keys) == sorted(labels)
     assert sum(sizes) == len(labels) and all(size <= 4 for size in sizes)
+
+
+def test_plain_local_urls_count_themselves_for_exact_epochs(shards):
+    """No index, no counts given: the same exact epochs as with the index, on two ranks."""
+    urls, index, _ = shards
+    for rank in range(2):
+        epochs = []
+        for source in (urls, index):
+            with _loader(source, keys=True, rank=rank, world_size=2, seed=3) as loader:
+                epochs.append((len(loader), _keys(loader)))
+        assert epochs[0] == epochs[1] and epochs[0][0] == SHARDS * PER_SHARD // 2 // 4
+
+
+@pytest.mark.parametrize("policy, rank, what", [("drop", 0, "read by no rank"), ("pad", 1, "read twice by rank 1")])
+def test_whole_shard_epochs_count_and_announce_what_they_leave_out(shards, policy, rank, what):
+    urls, _, _ = shards
+    with _loader(urls, keys=True, rank=rank, world_size=2, policy=policy, exact=False) as loader:
+        for epoch in range(2):
+            with pytest.warns(UserWarning, match=rf"epoch {epoch} deals out whole shards .*: 1 shard "
+                                                 rf"\(23 samples\) {what}, by policy='{policy}'"):
+                keys, _ = _keys(loader)
+        counted = {"drop": ("dropped", "dropped_shards"), "pad": ("repeated", "repeated_shards")}[policy]
+        assert [loader.stats[name] for name in counted] == [2 * PER_SHARD, 2]
+    assert len(keys) == (1 if policy == "drop" else 2) * PER_SHARD
+
+
+def test_remote_shards_without_counts_are_refused_on_more_than_one_rank(shards, http_server, monkeypatch):
+    urls, _, _ = shards
+    for url in urls:
+        http_server.put_file(os.path.basename(url), open(url, "rb").read())
+    remote = [http_server.url(os.path.basename(url)) for url in urls]
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets them
+    with pytest.raises(ValueError, match=r"FastLoader on 2 ranks needs the sample count of every shard(.|\n)*"
+                                         r"wdsmp index -o index.json(.|\n)*or pass exact=False"):
+        _loader(remote)
+    for options in ({"exact": False}, {"world_size": 1, "rank": 0}, {"resampled": True, "epoch_batches": 2}):
+        _loader(remote, **options).close()
+
+
+def test_a_shard_gone_after_construction_is_named_alone(shards, tmp_path):
+    """The error names the shard that failed to open, not the last member of the one before it."""
+    urls, _, _ = shards
+    copies = []
+    for url in urls:
+        copies.append(str(tmp_path / os.path.basename(url)))
+        with open(url, "rb") as source, open(copies[-1], "wb") as target:
+            target.write(source.read())
+    with _loader(copies, num_workers=1, shuffle=False, batch_size=5, keys=True) as loader:
+        os.remove(copies[2])
+        with pytest.raises(WorkerError) as info:
+            _keys(loader)
+    assert (info.value.shard, info.value.member) == (copies[2], None)
+    assert str(info.value).startswith(f"loader worker 0 failed, shard {copies[2]!r}: wdsmp.errors.ShardNotFoundError")
 
 
 def test_deterministic_under_a_seed(shards):
@@ -231,12 +285,12 @@ def _write_shard(path, keys, fields=("jpg", "cls")):
 
 def test_missing_label_field_is_named(tmp_path):
     url = _write_shard(tmp_path / "unlabelled.tar", ["u/000", "u/001"], fields=("jpg", "txt"))
-    with _loader([url], num_workers=1, label="cls", shuffle=False) as loader:
+    with _loader([url], num_workers=1, label="cls", shuffle=False, exact=False) as loader:
         with pytest.raises(WorkerError, match=r"worker 0 failed.*no label field 'cls' in the sample; it has jpg, txt"
                                               r".*shard '.*unlabelled.tar', member 'u/000'") as info:
             next(iter(loader))
         assert info.value.exc_type == "wdsmp.errors.SampleError"
-    with _loader([url], num_workers=1, label=None, keys=True, shuffle=False) as loader:  # no label asked: no error
+    with _loader([url], num_workers=1, label=None, keys=True, shuffle=False, exact=False) as loader:  # no error
         assert _keys(loader) == (["u/000", "u/001"], [2])
 
 
@@ -245,7 +299,8 @@ def test_an_empty_shard_among_others_adds_nothing(shards, tmp_path, num_workers)
     urls, _, labels = shards
     empty = tmp_path / "empty.tar"
     empty.write_bytes(tar_bytes([]))  # a valid tar of no members
-    with _loader([str(empty), urls[0]], keys=True, num_workers=num_workers, shuffle=False, train=False) as loader:
+    with _loader([str(empty), urls[0]], keys=True, num_workers=num_workers, shuffle=False, train=False,
+                 exact=False) as loader:
         keys, sizes = _keys(loader)
     assert sorted(keys) == sorted(k for k in labels if k.startswith("s0/"))
     assert sum(sizes) == PER_SHARD and all(size <= 4 for size in sizes)
@@ -298,7 +353,7 @@ def test_progress_reports_throughput(shards, capsys):
     with _loader(index, progress=1e-6) as loader:
         list(loader)
         assert loader.stats["samples"] == 68 and loader.stats["images_per_s"] > 0
-    assert "wdsmp FastLoader: epoch 0, 1 batches" in capsys.readouterr().err
+    assert "wdsmp FastLoader: epoch 0, 2 batches" in capsys.readouterr().err  # reports start after the first batch
 
 
 def test_a_ring_too_big_for_dev_shm_is_a_clear_error(shards):
@@ -347,30 +402,40 @@ def test_resume_gives_exactly_the_rest(shards):
 
 
 
-@pytest.mark.parametrize("counts", ["known", "unknown"])
+@pytest.mark.parametrize("exact", [True, False])
 @pytest.mark.parametrize("num_workers", [1, 3])
-def test_resume_with_another_worker_count_gives_exactly_the_rest(shards, num_workers, counts):
+def test_resume_with_another_worker_count_gives_exactly_the_rest(shards, num_workers, exact):
     """The epoch's two streams are shared out whole, and the rest comes in the order it would
     have; a second resume, from a state saved by the resumed loader, is exact too."""
     urls, index, _ = shards
-    index = index if counts == "known" else urls
-    with _loader(index, keys=True, seed=5) as loader:
+    with _loader(index, keys=True, seed=5, exact=exact) as loader:
         whole, sizes = _keys(loader)
         loader.set_epoch(0)
         iterator = iter(loader)
         head = [k for _ in range(3) for k in next(iterator).keys]
         state = loader.state_dict()
-    with _loader(index, keys=True, seed=5, num_workers=num_workers) as loader:
+    with _loader(index, keys=True, seed=5, num_workers=num_workers, exact=exact) as loader:
         loader.load_state_dict(state)
         iterator = iter(loader)
         middle = [k for _ in range(4) for k in next(iterator).keys]
         state = loader.state_dict()
     assert state["batches_done"] == 7 and len(state["worker_batches"]) == 2
-    with _loader(index, keys=True, seed=5, num_workers=2) as loader:
+    with _loader(index, keys=True, seed=5, num_workers=2, exact=exact) as loader:
         loader.load_state_dict(state)
         rest, rest_sizes = _keys(loader)
     assert head + middle + rest == whole
     assert len(rest_sizes) == len(sizes) - 7
+
+
+def test_a_state_of_whole_shard_epochs_is_refused_by_an_exact_loader(shards):
+    _, index, _ = shards
+    with _loader(index, exact=False) as loader:
+        state = loader.state_dict()
+    with _loader(index) as loader:
+        with pytest.raises(ValueError, match="state was saved with exact=False, this loader has True"):
+            loader.load_state_dict(state)
+        del state["exact"]  # a state saved before the setting existed is taken as it is
+        loader.load_state_dict(state)
 
 
 def test_resampled_epochs_have_the_asked_length(shards):

@@ -60,6 +60,8 @@ def test_loader_options_fill_in_defaults():
     ({"label": ""}, "label must be an extension name"),
     ({"shuffle_buffer": -1}, "shuffle_buffer must be an int >= 0"),
     ({"timeout": 0}, "timeout must be None or a positive number"),
+    ({"stall_timeout": -1}, "stall_timeout must be None or a positive number"),
+    ({"stall_timeout": "60"}, "stall_timeout must be None or a positive number"),
     ({"progress": -1}, "progress must be a bool or seconds"),
 ])
 def test_loader_options_refuse_bad_arguments(kw, match):

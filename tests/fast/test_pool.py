@@ -1,6 +1,8 @@
-"""The worker pool's reliance on CPython internals (NOTE [CPython internals]): each test fails,
-naming the internal, on a Python where it is gone, rather than letting wdsmp degrade silently."""
+"""The worker pool: its reliance on CPython internals (NOTE [CPython internals]: each test fails,
+naming the internal, on a Python where it is gone, rather than letting wdsmp degrade silently), and
+the sweep of semaphores left by dead loaders (NOTE [semaphore names])."""
 
+import fcntl
 import multiprocessing
 import os
 import subprocess
@@ -74,3 +76,19 @@ def test_a_spawned_child_importing_the_main_script_is_seen(tmp_path):
     subprocess.run([sys.executable, str(script)], check=True, timeout=120)
     assert record.read_text() == "True", \
         "CPython no longer sets current_process()._inheriting while a spawned child imports the main script"
+
+
+def test_the_semaphore_sweep_goes_by_the_owners_lock_not_its_pid(tmp_path):
+    """A pid from another PID namespace means nothing here (2**31 - 1 is no process at all), yet
+    the owner that holds its lock lives; without a lock file, or with its lock free, it is gone."""
+    key = f"{2**31 - 1}-0123abcd"
+    owned = [f"sem.{pool.SEM_PREFIX}{key}-a1b2c3d4", f"sem.{pool.SEM_PREFIX}{key}-e5f6_7h8", f"{pool.SEM_PREFIX}{key}.lock"]
+    orphan = f"sem.{pool.SEM_PREFIX}{2**31 - 2}-4567cdef-zz"  # its lock file is gone: its owner too
+    foreign = ["sem.mp-123-abc", f"sem.{pool.SEM_PREFIX}123-abc", "wdsmp-123-0123abcd"]
+    for name in [*owned, orphan, *foreign]:
+        (tmp_path / name).write_bytes(b"")
+    with open(tmp_path / owned[-1], "rb") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the owner, alive in a namespace of its own
+        assert pool.sweep_semaphores(str(tmp_path)) == [orphan]
+    assert sorted(pool.sweep_semaphores(str(tmp_path))) == sorted(owned)
+    assert sorted(os.listdir(tmp_path)) == sorted(foreign)

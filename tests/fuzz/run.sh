@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Runs one fuzz target against the instrumented build (build.sh), under AddressSanitizer:
 #
-#   tests/fuzz/run.sh tarsplit|imgops|jpegregion [libFuzzer flags] [CORPUS_DIR ...]
+#   tests/fuzz/run.sh tarsplit|imgops|jpegregion|gzipmembers|imageheaders [libFuzzer flags] [CORPUS_DIR ...]
 #
 # The build goes to $WDSMP_FUZZ_BUILD (default /tmp/wdsmp-fuzz-build) and is redone when
 # a source in wdsmp/ or src/ext/ is newer than it.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
-target=${1:?usage: tests/fuzz/run.sh tarsplit|imgops|jpegregion [libFuzzer flags] [CORPUS_DIR ...]}
+target=${1:?usage: tests/fuzz/run.sh tarsplit|imgops|jpegregion|gzipmembers|imageheaders [libFuzzer flags] [CORPUS_DIR ...]}
 shift
 build=${WDSMP_FUZZ_BUILD:-/tmp/wdsmp-fuzz-build}
 

@@ -16,7 +16,7 @@ import sys
 
 __all__ = ["main"]
 
-_MODULES = ("create", "reshard", "listing", "index", "verify", "prefetch", "convert", "bench")
+_MODULES = ("create", "reshard", "listing", "index", "verify", "prefetch", "convert", "bench", "doctor")
 
 
 def _parser():

@@ -40,6 +40,9 @@ def add_arguments(parser):
     parser.add_argument("--rounds", type=positive_int, default=3, help="the best round of each contender is reported")
     parser.add_argument("--swap-import", action="store_true",
                         help="also run a user's WebDataset pipeline with webdataset and with wdsmp imported as wds")
+    parser.add_argument("--plot", metavar="PNG", default="loader-bench.png",
+                        help="where to draw images/s over time and time per image by stage (needs matplotlib: "
+                        "pip install 'wdsmp[plot]'); default %(default)s")
 
 
 def add_parser(subparsers):
@@ -63,9 +66,12 @@ def run(args):
     if not args.json:
         print(benchmark.header(command, corpus), flush=True)
     rounds = benchmark.run(corpus, args, log=None if args.quiet else sys.stderr)
+    drawn = benchmark.picture(rounds, corpus, args)
     if args.json:
         print_json({"command": command, "corpus": corpus.describe(), "machine": benchmark.machine(),
-                    "results": benchmark.as_json(rounds)})
+                    "region_decoding": benchmark.region_decoding(), "results": benchmark.as_json(rounds)})
     else:
         print(benchmark.summary(rounds, corpus))
+    if not args.quiet:
+        print(drawn, file=sys.stderr)
     return 0

@@ -10,7 +10,8 @@ import os
 import sys
 import time
 
-from ..gopen import local_path
+from ..gopen import gopen_schemes, has_opener, local_path
+from ..shardindex import read_entries
 from ..shardlists import expand_urls
 
 __all__ = ["PARTIAL", "Progress", "add_common", "check_output", "die", "distinct_shards", "expand_inputs", "print_json"]
@@ -35,23 +36,39 @@ def die(message):
     raise CommandError(message)
 
 
-def expand_inputs(specs, missing_ok=False):
+def _indexed(spec):
+    """The shards a shard index (``index.json``, see wdsmp.shardindex) lists."""
+    try:
+        return [entry["url"] for entry in read_entries(spec)]
+    except (OSError, ValueError) as exn:
+        die(f"cannot read the shard index {spec}: {exn}")
+
+
+def expand_inputs(specs, missing_ok=False, indexes=False):
     """Shard URLs from command-line inputs: brace patterns, ``::`` lists, local globs, any URL
-    gopen reads, and ``-`` (stdin). Inputs that match nothing are an error, and so is a local
-    file that does not exist unless ``missing_ok`` (for commands that report it as a problem of
-    that shard and go on with the others)."""
+    gopen reads, ``-`` (stdin), and with ``indexes`` the shards of a shard index (a ``.json``
+    input, as FastLoader takes it). Inputs that match nothing are an error, and so is a URL of
+    a scheme gopen does not know, and a local file that does not exist unless ``missing_ok``
+    (for commands that report it as a problem of that shard and go on with the others)."""
     urls = []
     for spec in specs:
         if spec == "-":
             urls.append(spec)
             continue
-        try:
-            found = expand_urls(spec)
-        except ValueError as exn:  # a pattern that matches nothing
-            die(str(exn))
+        if indexes and spec.endswith(".json"):
+            found = _indexed(spec)
+        else:
+            try:
+                found = expand_urls(spec)
+            except ValueError as exn:  # a pattern that matches nothing
+                die(str(exn))
         if not found:
             die(f"no input matches {spec!r}")
         for url in found:
+            if not has_opener(url):
+                known = ", ".join(s for s in gopen_schemes if not s.startswith("__"))
+                die(f"{url}: no opener for its URL scheme (known schemes: {known}; a Python program can add "
+                    f"one with wdsmp.gopen.register_scheme)")
             path = local_path(url)
             if path is not None and not missing_ok and not os.path.exists(path):
                 die(f"no such file: {path}")

@@ -55,6 +55,7 @@ from .._atomic import atomic_write
 from ..errors import WdsmpError
 from ..fast.options import default_workers
 from ..gopen import local_path
+from ..liveness import exit_with_parent
 from ..tariterators import tarfile_samples
 from ..writer import TarWriter
 from .common import PARTIAL, Progress, add_common, die, expand_inputs, print_json
@@ -158,11 +159,13 @@ def _local_pool(tasks, workers):
     Only as many tasks as there are workers are ever handed to the pool, so that Ctrl-C, which
     reaches the workers too, stops the work at once (a queued task would start after it), and a
     pool broken by a worker that died (killed, out of memory) starts nothing more: the tasks
-    not started are not yielded.
+    not started are not yielded. Workers exit when this process dies, even by SIGKILL
+    (``liveness.exit_with_parent``); the fork server and resource tracker then exit too, as
+    nothing holds them open any more.
     """
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__])  # workers fork from a process that imported wdsmp
-    pool = ProcessPoolExecutor(workers, mp_context=context)
+    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=exit_with_parent)  # none outlives the run
     todo, running, broken = iter(tasks), {}, False
     try:
         while True:

@@ -5,6 +5,7 @@ How the archives are written, and what a failed run leaves, is output.py's (NOTE
 
 import json
 import os
+import sys
 import time
 
 from ..gopen import gopen, local_path
@@ -29,31 +30,74 @@ def _fields_of(key, fields, where):
     return fields
 
 
-def _scan(root, imagefolder):
-    """``{key: {ext: path}}`` for the files under ``root``, keys sorted; hidden entries skipped.
+def _skip_link(path, why):
+    print(f"wdsmp create: skipping {path}: a symbolic link to {os.readlink(path)!r}, {why}", file=sys.stderr)
+
+
+def _inside(path, root):
+    return os.path.commonpath([root, path]) == root
+
+
+def _followed(path, real_root, follow_links, ancestors=()):
+    """Whether to read the symbolic link ``path`` (to a file or a directory): only with
+    ``follow_links``, and only to a place inside SOURCE that exists and is not a directory
+    above it (a cycle). Each link left out is named on stderr: none is skipped silently."""
+    if not follow_links:
+        _skip_link(path, "not followed (--follow-links follows links that stay inside SOURCE)")
+        return False
+    target = os.path.realpath(path)
+    if not os.path.exists(target):
+        _skip_link(path, "which does not exist")
+    elif not _inside(target, real_root):
+        _skip_link(path, "outside SOURCE: never followed")
+    elif any(_inside(ancestor, target) for ancestor in ancestors):
+        _skip_link(path, "a directory above it: following it would never end")
+    else:
+        return True
+    return False
+
+
+def _files(root, follow_links):
+    """``(path, path relative to root)`` of the files under ``root``, hidden entries skipped,
+    symbolic links as ``_followed`` says."""
+    real_root = os.path.realpath(root)
+    for directory, subdirectories, files in os.walk(root, onerror=reraise_exception, followlinks=follow_links):
+        here = os.path.realpath(directory)
+        kept = []
+        for name in subdirectories:
+            path = os.path.join(directory, name)
+            if name.startswith(".") or (os.path.islink(path) and not _followed(path, real_root, follow_links,
+                                                                                (here, real_root))):
+                continue
+            kept.append(name)
+        subdirectories[:] = kept
+        for name in files:
+            path = os.path.join(directory, name)
+            if name.startswith(".") or (os.path.islink(path) and not _followed(path, real_root, follow_links)):
+                continue
+            yield path, os.path.relpath(path, root).replace(os.sep, "/")
+
+
+def _scan(root, imagefolder, follow_links=False):
+    """``{key: {ext: path}}`` for the files under ``root``, keys sorted; hidden entries skipped,
+    symbolic links as ``_followed`` says.
 
     The key is the path relative to ``root`` up to the first dot of the file name, the rest
     is the extension, as readers split member names. With ``imagefolder``, each file must lie
     in a class directory (the first path component).
     """
     groups = {}
-    for directory, subdirectories, files in os.walk(root, onerror=reraise_exception):
-        subdirectories[:] = [name for name in subdirectories if not name.startswith(".")]
-        for name in files:
-            if name.startswith("."):
-                continue
-            path = os.path.join(directory, name)
-            relative = os.path.relpath(path, root).replace(os.sep, "/")
-            if imagefolder and "/" not in relative:
-                die(f"{path}: with --imagefolder, files belong in class directories under {root}")
-            if not os.path.isfile(path):
-                die(f"{path}: not a regular file")
-            key, ext = base_plus_ext(relative)
-            if not ext:  # none, or nothing after the dot: no field to put the file in
-                die(f"{path}: no extension, so it would belong to no sample (rename it, or use --recipe)")
-            if imagefolder and ext.lower() == "cls":
-                die(f"{path}: a .cls file, where --imagefolder puts the class index")
-            groups.setdefault(key, {})[ext] = path
+    for path, relative in _files(root, follow_links):
+        if imagefolder and "/" not in relative:
+            die(f"{path}: with --imagefolder, files belong in class directories under {root}")
+        if not os.path.isfile(path):
+            die(f"{path}: not a regular file")
+        key, ext = base_plus_ext(relative)
+        if not ext:  # none, or nothing after the dot: no field to put the file in
+            die(f"{path}: no extension, so it would belong to no sample (rename it, or use --recipe)")
+        if imagefolder and ext.lower() == "cls":
+            die(f"{path}: a .cls file, where --imagefolder puts the class index")
+        groups.setdefault(key, {})[ext] = path
     return {key: _fields_of(key, groups[key], root) for key in sorted(groups)}
 
 
@@ -69,10 +113,19 @@ def _check_outside(output, root):
         die(f"the output {output} lies inside SOURCE {root}; write it elsewhere")
 
 
-def _class_names(root):
-    """ImageFolder's classes: the directories under ``root``, sorted (hidden ones skipped)."""
+def _class_names(root, follow_links):
+    """ImageFolder's classes: the directories under ``root``, sorted (hidden ones skipped, and
+    symbolic links unless ``follow_links`` and they stay inside, as for the files)."""
+    real_root = os.path.realpath(root)
     with os.scandir(root) as entries:
-        return sorted(entry.name for entry in entries if entry.is_dir() and not entry.name.startswith("."))
+        return sorted(entry.name for entry in entries if entry.is_dir() and not entry.name.startswith(".")
+                      and (not entry.is_symlink() or _quietly_followed(entry.path, real_root, follow_links)))
+
+
+def _quietly_followed(path, real_root, follow_links):
+    """``_followed`` for a link the scan has already named."""
+    target = os.path.realpath(path)
+    return follow_links and os.path.exists(target) and _inside(target, real_root) and target != real_root
 
 
 def _tree_samples(groups, classes):
@@ -154,7 +207,8 @@ def add_parser(subparsers):
         "create", help="make shards from a directory, an ImageFolder tree or a recipe",
         description="Make WebDataset shards. From a directory, files sharing a path up to the first dot "
         "of their name are one sample (key = that path relative to SOURCE; the rest of the name is the "
-        "field), samples sorted by key; hidden files are skipped. --imagefolder adds a .cls field, the "
+        "field), samples sorted by key; hidden files are skipped, and so are symbolic links, each named on "
+        "stderr, unless --follow-links (then links that stay inside SOURCE are followed). --imagefolder adds a .cls field, the "
         "index of the file's class directory (class names sorted), and writes the class index as JSON. "
         "--recipe reads lines 'key.ext source', source being a path or URL (pipe:command too) or "
         "text:literal, and writes samples in the order their keys first appear. The same input always "
@@ -165,6 +219,9 @@ def add_parser(subparsers):
     parser.add_argument("--classes", metavar="FILE",
                         help="where --imagefolder writes {class name: index} (default: classes.json next "
                         "to the output; an existing identical file needs no --force)")
+    parser.add_argument("--follow-links", action="store_true",
+                        help="follow symbolic links to files and directories that stay inside SOURCE (links "
+                        "leading out of it are skipped, and named, even then)")
     parser.add_argument("--recipe", metavar="FILE", help="a recipe file (or '-') instead of SOURCE; "
                         "relative paths in it are taken from the current directory")
     add_output_options(parser, series=True)
@@ -175,8 +232,8 @@ def add_parser(subparsers):
 def run(args):
     if (args.source is None) == (args.recipe is None):
         die("give either a SOURCE directory or --recipe FILE")
-    if args.recipe is not None and args.imagefolder:
-        die("--imagefolder reads a directory, not a recipe")
+    if args.recipe is not None and (args.imagefolder or args.follow_links):
+        die("--imagefolder and --follow-links read a directory, not a recipe")
     if args.classes is not None and not args.imagefolder:
         die("--classes goes with --imagefolder")
     check_summary_target(args)
@@ -190,9 +247,9 @@ def run(args):
         if not os.path.isdir(args.source):
             die(f"{args.source}: not a directory")
         _check_outside(args.output, args.source)
-        groups = _scan(args.source, args.imagefolder)
+        groups = _scan(args.source, args.imagefolder, args.follow_links)
         if args.imagefolder:
-            classes = {name: index for index, name in enumerate(_class_names(args.source))}
+            classes = {name: index for index, name in enumerate(_class_names(args.source, args.follow_links))}
             classes_file, classes_text = _classes_file(args, classes)
         samples = _tree_samples(groups, classes)
         inputs = _sources(groups)

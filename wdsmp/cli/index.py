@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from ..gopen import local_path
 from ..native import tar_splitter_class
-from ..shardindex import relative_url, write_atomic, write_index
+from ..shardindex import INDEX_NAME, relative_url, write_atomic, write_index
 from ..tarformat import BLOCK, GZIP_MAGIC
 from ..tariterators import _META_FILES, SHARD_END, ShardFailed, base_plus_ext, group_by_keys
 from .common import Progress, add_common, check_output, die, distinct_shards, expand_inputs, print_json
@@ -44,6 +44,10 @@ def _components(splitter, url, report):
         for name, data, offset in splitter:
             if re.match(_META_FILES, name):
                 continue  # skipped by wdsmp's reader too
+            if splitter.links and splitter.links[-1][2] == offset:
+                report.problems.append(Problem(url, "dali", f"a link member (to {splitter.links[-1][1]!r}): its "
+                                               f"data is stored under another name, which DALI's index "
+                                               f"cannot describe", name, offset))
             padded = (len(data) + BLOCK - 1) // BLOCK * BLOCK
             component = (base_plus_ext(name)[1], splitter.position - padded, len(data), name, offset)
             yield {"fname": name, "data": component, "__offset__": offset, "__url__": url}
@@ -119,9 +123,11 @@ def add_parser(subparsers):
                     "index_paths=...). Damaged shards are reported and get no index; the status is then 1. "
                     "A shard given twice is refused.")
     parser.add_argument("shards", nargs="+", metavar="SHARD", help="shards (paths, URLs, brace patterns, globs)")
-    parser.add_argument("-o", "--output", required=True,
-                        help="the manifest to write; with --format dali a directory, or a pattern with "
-                             "{name} (the shard's name up to its first dot), e.g. 'idx/{name}.idx'")
+    parser.add_argument("-o", "--output",
+                        help=f"the manifest to write (default: {INDEX_NAME} beside the shards, where the loaders "
+                             f"look for it, when they are local files in one directory); with --format dali a "
+                             f"directory, or a pattern with {{name}} (the shard's name up to its first dot), "
+                             f"e.g. 'idx/{{name}}.idx'")
     parser.add_argument("--format", choices=("json", "dali"), default="json",
                         help="json: wdsmp's manifest (default); dali: DALI's per-shard index files")
     parser.add_argument("--force", action="store_true", help="overwrite existing output")
@@ -135,18 +141,33 @@ def _count(n, noun):
 
 
 def _report_problems(reports):
-    """Print the problems on stderr; the number of shards that have any."""
-    bad = [report for report in reports if report.problems]
-    for report in bad:
+    """Print the problems and notes on stderr; the number of shards that have problems."""
+    for report in reports:
         for problem in report.problems:
             print(f"wdsmp index: {problem}", file=sys.stderr)
-    return len(bad)
+        for note in report.notes:
+            print(f"wdsmp index: note: {note}", file=sys.stderr)
+    return sum(bool(report.problems) for report in reports)
+
+
+def _default_output(urls, args):
+    """Where the manifest goes without ``-o``: ``index.json`` in the local shards' directory."""
+    if args.format == "dali":
+        die("--format dali needs -o: a directory, or a pattern with {name}")
+    paths = [local_path(url) for url in urls]
+    directories = {os.path.dirname(os.path.abspath(path)) for path in paths if path is not None}
+    if None in paths or len(directories) != 1:
+        die(f"give -o: the shards are not local files in one directory (e.g. -o {INDEX_NAME}, then put it "
+            f"beside the shards as {INDEX_NAME}, where the loaders look for it)")
+    return os.path.join(directories.pop(), INDEX_NAME)
 
 
 def run(args):
+    urls = expand_inputs(args.shards)
+    if args.output is None:
+        args.output = _default_output(urls, args)
     if local_path(args.output) is None:
         die(f"-o must be a local path, not {args.output!r}")
-    urls = expand_inputs(args.shards)
     if "-" in urls:
         die("an index lists shards by URL: stdin cannot be indexed")
     repeated = distinct_shards(urls)[1]

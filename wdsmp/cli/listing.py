@@ -17,13 +17,25 @@ _READER_FIELDS = ("__url__", "__local_path__")  # what group_by_keys adds to a s
 
 
 def _tallied(members, tally):
-    """Members, unchanged, counting them and those outside any sample (no extension)."""
+    """Members, unchanged, counting them, those outside any sample (no extension) and link
+    members (which the reader gives the data of the member they name)."""
     for member in members:
         if isinstance(member, dict):
             tally["members"] += 1
             if base_plus_ext(member["fname"])[0] is None:
                 tally["outside"] += 1
+            if "__link__" in member:
+                tally["links"] += 1
+                tally.setdefault("first_link", (member["fname"], member["__link__"]))
         yield member
+
+
+def link_note(count, first):
+    """What to say about a shard's link members: wdsmp reads them, other readers drop them."""
+    name, target = first
+    return (f"{count} link member{'s' * (count != 1)} (hard or symbolic, e.g. {name!r} -> {target!r}), read "
+            f"as the members they name; webdataset, DALI and other readers drop them: write shards without "
+            f"links (tar --hard-dereference, tar -h)")
 
 
 def read_samples(urls, tally):
@@ -61,14 +73,16 @@ def add_parser(subparsers):
     ls = subparsers.add_parser("ls", help="list the members of shards with their sizes",
                                description="List every regular member of shards, one per line: shard, "
                                "member name and size in bytes, tab-separated (--json: a list).")
-    ls.add_argument("shards", nargs="+", metavar="SHARDS", help="paths, brace patterns, globs, URLs, '-'")
+    ls.add_argument("shards", nargs="+", metavar="SHARDS",
+                    help="paths, brace patterns, globs, URLs, '-', or a shard index (.json)")
     add_common(ls)
     ls.set_defaults(func=run_ls)
     info = subparsers.add_parser("info", help="count the samples, fields and sizes of shards",
                                  description="Read shards and report their samples, the fields "
                                  "(extensions) with counts and sizes, total and mean sample sizes, "
                                  "and the samples of each shard.")
-    info.add_argument("shards", nargs="+", metavar="SHARDS", help="paths, brace patterns, globs, URLs, '-'")
+    info.add_argument("shards", nargs="+", metavar="SHARDS",
+                      help="paths, brace patterns, globs, URLs, '-', or a shard index (.json)")
     add_common(info)
     info.set_defaults(func=run_info)
 
@@ -80,7 +94,7 @@ def _members(url):
 
 
 def run_ls(args):
-    urls = expand_inputs(args.shards)
+    urls = expand_inputs(args.shards, indexes=True)
     listing, failed = [], 0
     for url in urls:
         try:
@@ -118,12 +132,14 @@ def _shard_info(url, fields, progress):
     except (WdsmpError, OSError, ValueError) as exn:
         entry["error"] = str(exn)
         _reported("info", exn)
-    entry.update(members=tally["members"], outside=tally["outside"])
+    entry.update(members=tally["members"], outside=tally["outside"], links=tally["links"])
+    if tally["links"]:
+        print(f"wdsmp info: note: {url}: {link_note(tally['links'], tally['first_link'])}", file=sys.stderr)
     return entry
 
 
 def run_info(args):
-    urls = expand_inputs(args.shards)
+    urls = expand_inputs(args.shards, indexes=True)
     fields = {}
     with Progress("info", quiet=args.quiet) as progress:
         shards = [_shard_info(url, fields, progress) for url in urls]
@@ -133,15 +149,17 @@ def run_info(args):
     damaged = sum("error" in shard for shard in shards)
     members = sum(shard["members"] for shard in shards)
     outside = sum(shard["outside"] for shard in shards)
+    links = sum(shard["links"] for shard in shards)
     if args.json:
         print_json(dict(
             shards=shards, samples=samples, bytes=total, mean_sample_bytes=mean, damaged=damaged,
-            members=members, outside=outside, extensions={name: dict(samples=n, bytes=size, mean_bytes=size / n)
+            members=members, outside=outside, links=links, extensions={name: dict(samples=n, bytes=size, mean_bytes=size / n)
                         for name, (n, size) in sorted(fields.items())}))
     else:
         lines = [f"shards    {len(shards)}" + (f" ({damaged} damaged)" if damaged else ""),
                  f"samples   {samples}",
-                 f"members   {members}" + (f" ({outside} outside any sample)" if outside else ""),
+                 f"members   {members}" + "".join(f" ({n} {what})" for n, what in
+                                                  ((outside, "outside any sample"), (links, "links")) if n),
                  f"data      {human(total)} total, {human(mean)} mean per sample", ""]
         rows = [("extension", "samples", "bytes", "mean")]
         rows += [(name, str(n), human(size), human(size / n)) for name, (n, size) in sorted(fields.items())]

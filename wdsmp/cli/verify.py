@@ -9,7 +9,9 @@ cannot be opened (a missing file, an HTTP error) is a problem of that shard like
 Each problem names the shard, the member and its byte offset where there is one.
 
 ``--index`` compares sample counts, sizes and sha256 digests with a manifest (see
-:mod:`wdsmp.shardindex`); the digest comes from the same pass that reads the tar.
+:mod:`wdsmp.shardindex`); the digest comes from the same pass that reads the tar. A
+manifest without sizes or digests (one written by ``ShardWriter(index=...)`` holds counts
+only) cannot catch a changed byte: the summary then says which checks were not made.
 ``--decode`` decodes every image with the loaders' image decoder, and every JPEG once more
 with strict libjpeg-turbo, because Pillow decodes JPEGs with corrupt entropy data into
 wrong pixels without a word (JPEG has no checksum: damage libjpeg-turbo does not notice
@@ -63,13 +65,16 @@ class Problem:
 class ShardReport:
     """What reading one shard found. ``complete``: read to its end without tar damage, so
     ``samples`` is the shard's count; ``size`` and ``sha256`` (when asked for) cover every
-    byte of the file, also after damage; None when it could not be read to its end."""
+    byte of the file, also after damage; None when it could not be read to its end.
+    ``notes``: what wdsmp reads but other readers may not (link members), kind ``link``;
+    they are said, but are no problem."""
 
     url: str
     samples: int = 0
     size: Optional[int] = None
     sha256: Optional[str] = None
     problems: List[Problem] = field(default_factory=list)
+    notes: List[Problem] = field(default_factory=list)
 
     @property
     def complete(self):
@@ -126,6 +131,18 @@ def open_counted(url, hashed=False):
     """``url`` opened with gopen, as ``(buffered stream, counter)``; see ``_Counted``."""
     counter = _Counted(gopen(url), hashed)
     return io.BufferedReader(counter, 1 << 16), counter
+
+
+def _noted(members, report):
+    """Members passed through; each link member is noted in ``report`` (NOTE [tar links] in
+    ``tarformat``): wdsmp gives it the data of the member it names, other readers drop it."""
+    for member in members:
+        if isinstance(member, dict) and "__link__" in member:
+            report.notes.append(Problem(report.url, "link", f"link member read as {member['__link__']!r}, "
+                                        f"whose data it shares; webdataset, DALI and other readers drop it: "
+                                        f"write shards without links (tar --hard-dereference, tar -h)",
+                                        member["fname"], member["__offset__"]))
+        yield member
 
 
 def _located(members, places):
@@ -190,6 +207,7 @@ def check_shard(url, decode=False, hashed=False):
         return report
     places = {}
     members = tar_file_expander([{"url": url, "stream": stream}], handler=report.record, boundaries=True)
+    members = _noted(members, report)
     if decode:
         members = _located(members, places)
     for sample in group_by_keys(members, handler=report.record):
@@ -217,6 +235,18 @@ def _index_problems(report, entry, index):
         yield Problem(url, "index", f"{report.size} bytes, the index says {entry['size']}")
     if report.sha256 is not None and "sha256" in entry and entry["sha256"] != report.sha256:
         yield Problem(url, "index", f"sha256 {report.sha256}, the index says {entry['sha256']}")
+
+
+def _unchecked(entries, urls):
+    """What the manifest could not check in the shards ``urls``, as a sentence, or None."""
+    listed = [entries[_place(url)] for url in urls if _place(url) in entries]
+    missing = [f"{what} ({sum(key not in e for e in listed)} of {len(listed)} shards)" if any(key in e for e in listed)
+               else what for key, what in (("size", "sizes"), ("sha256", "sha256 digests"))
+               if any(key not in e for e in listed)]
+    if not missing:
+        return None
+    return (f"the index has no {' and no '.join(missing)}: those checks were not made, a changed byte would "
+            f"pass unseen (`wdsmp index` writes a manifest with both)")
 
 
 def add_parser(subparsers):
@@ -248,7 +278,8 @@ def run(args):
     else:
         urls = [entry["url"] for entry in entries.values()]
     hashed = entries is not None and any("sha256" in entry for entry in entries.values())
-    problems, samples, nbytes, bad = [], 0, 0, 0
+    unchecked = _unchecked(entries, urls) if entries is not None else None
+    problems, notes, samples, nbytes, bad = [], [], 0, 0, 0
     with Progress("verify", total=len(urls), unit="shards", quiet=args.quiet) as progress:
         for url in urls:
             report = check_shard(url, decode=args.decode, hashed=hashed)
@@ -258,15 +289,23 @@ def run(args):
             nbytes += report.size or 0
             bad += bool(report.problems)
             problems.extend(report.problems)
+            notes.extend(report.notes)
             if not args.json:
                 for problem in report.problems:
                     print(problem, flush=True)
+                for note in report.notes:
+                    print(f"note: {note}", flush=True)
             progress.update(1, report.size or 0)
     if args.json:
         print_json({"shards": len(urls), "samples": samples, "bytes": nbytes, "bad_shards": bad,
-                    "problems": [asdict(p) for p in problems]})
+                    "problems": [asdict(p) for p in problems], "notes": [asdict(n) for n in notes],
+                    "unchecked": unchecked})
     else:
         verdict = (f"{len(problems)} problem{'s' * (len(problems) != 1)} in {bad} shard{'s' * (bad != 1)}"
                    if problems else "no problems")
+        if notes:
+            verdict += f" ({len(notes)} note{'s' * (len(notes) != 1)})"
         print(f"verified {len(urls)} shard{'s' * (len(urls) != 1)}, {samples} samples, {nbytes:,} bytes: {verdict}")
+        if unchecked is not None:
+            print(f"note: {unchecked}")
     return 1 if problems else 0

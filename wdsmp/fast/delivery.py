@@ -1,13 +1,34 @@
 """Delivering one epoch's batches in order, from the workers' messages; see NOTE [loader protocol]
 in ``loader.py``, whose ``FastLoader`` creates an ``EpochIterator`` for each ``iter()`` and
-``transfer.CudaLoader`` drives it batch by batch."""
+``transfer.CudaLoader`` drives it batch by batch.
+
+NOTE [stalled workers]
+    A worker that is stopped (SIGSTOP), blocked in a read that never returns
+    (a hung NFS mount) or deadlocked (a stage waiting for ever) makes no batch
+    and does not die, so neither the dead-worker check nor a batch timeout
+    (``timeout=None`` by default) ends the wait. While the loader waits for
+    a worker's batch it therefore samples that worker's activity as the
+    kernel counts it (``WorkerPool.activity``: CPU time, bytes read and
+    written through any file, socket or pipe, and its main thread's context
+    switches, one for every sleep, wait or blocking read that returned). Any
+    change, or any message from the worker, is a sign of life; a snapshot
+    unchanged for ``stall_timeout`` seconds (120 by default) is a stall: the
+    worker is killed and the loader raises a WorkerError naming it and the
+    shard it announced last. A slow worker is alive: a stage that sleeps 2 s
+    per sample wakes up, a slow download delivers bytes, a long computation
+    uses CPU. Nothing of this runs in the workers, nor while batches are
+    ready: the hot path does not change. A busy loop in a stage looks alive
+    (it is indistinguishable from a long computation): ``timeout`` bounds that.
+"""
 
 import time
+import weakref
 from queue import Empty
+from time import perf_counter_ns
 
 from ..errors import WorkerError
 from . import pool as _pool
-from .messages import BatchReady, WorkerDone, WorkerFailed, WorkerWarning
+from .messages import BatchReady, Reading, WorkerDone, WorkerFailed, WorkerWarning
 
 __all__ = ["DeliveryState", "EpochIterator"]
 
@@ -20,7 +41,10 @@ class DeliveryState:
     still know that the epoch was left unfinished (``abandon``) and where it stood (``state_dict``)."""
 
     def __init__(self, plan, workers):
-        self.epoch, self.workers = plan.epoch, workers
+        self.epoch = plan.epoch
+        # Weak: the loader keeps this state after close(), and the workers' queues (named
+        # semaphores in /dev/shm) should go with the loader's own reference.
+        self.workers = weakref.ref(workers)
         # Per stream of the plan (NOTE [plan: exactly once, equal batches]):
         self.delivered = [stream.skip_batches for stream in plan.streams]  # taken off the queue
         self.handed = list(self.delivered)  # given to the user (``.cuda()`` takes some ahead)
@@ -39,7 +63,9 @@ class DeliveryState:
         """End the epoch before its end: its workers stop, and the next epoch starts new ones."""
         if not self.finished:
             self.finished = True
-            self.workers.shutdown()
+            workers = self.workers()
+            if workers is not None:  # else shut down and gone already
+                workers.shutdown()
 
 
 class EpochIterator:
@@ -48,12 +74,18 @@ class EpochIterator:
 
     Its collaborators, all the loader's: ``resources`` (``resources.LoaderResources``: the ring
     and whether the loader is still open), ``slots`` (``batches.SlotTensors``: a message's slot
-    as a ``Batch``), ``stats`` (``stats.LoaderStats``), and ``timeout`` (seconds without a batch
-    before a ``TimeoutError``; None waits as long as the workers live)."""
+    as a ``Batch``), ``stats`` (``stats.LoaderStats``), ``timeout`` (seconds without a batch
+    before a ``TimeoutError``; None waits as long as the workers live) and ``stall_timeout``
+    (seconds the awaited worker may show no sign of life before a ``WorkerError``; NOTE
+    [stalled workers])."""
 
-    def __init__(self, workers, plan, streams, *, resources, slots, stats, timeout=None):
+    def __init__(self, workers, plan, streams, *, resources, slots, stats, timeout=None, stall_timeout=None):
         self.workers, self.plan, self.streams = workers, plan, streams
         self.resources, self.slots, self.stats, self.timeout = resources, slots, stats, timeout
+        self.stall_timeout = stall_timeout
+        self.reading = {}  # worker -> the shard it said it reads
+        self.activity = {}  # worker -> (its last activity snapshot, when that was first seen)
+        self.checked = time.monotonic()  # the last liveness check
         self.owner = {s: w for w, mine in enumerate(streams) for s in mine}
         self.state = DeliveryState(plan, workers)
         self.delivered = self.state.delivered
@@ -74,6 +106,7 @@ class EpochIterator:
         return self.plan.batches_per_rank - sum(self.delivered)
 
     def __next__(self):
+        self.stats.returned()
         if self.held is not None:
             self.release(self.held)
             self.held = None
@@ -84,6 +117,7 @@ class EpochIterator:
             self.release(message)
         else:
             self.held = message
+        self.stats.handed()
         return batch
 
     def next_message(self):
@@ -92,7 +126,7 @@ class EpochIterator:
         if self.finished:
             raise StopIteration
         self.resources.check_open()
-        started = time.monotonic()
+        started, waiting = time.monotonic(), perf_counter_ns()
         while True:
             stream = self._next_stream()
             if stream is None:
@@ -104,7 +138,7 @@ class EpochIterator:
                 break
             self._receive(worker, started)
         self.delivered[stream] += 1
-        self.stats.add_batch(message.count, time.monotonic() - started, self.plan.epoch)
+        self.stats.add_batch(message, perf_counter_ns() - waiting, self.plan.epoch)
         return message
 
     def hand(self, message):
@@ -128,16 +162,24 @@ class EpochIterator:
         return None if stream is None else self.owner[stream]
 
     def _receive(self, waiting_for, started):
-        """Take one message off the ready queue; raise when a worker failed, died or timed out."""
+        """Take one message off the ready queue; raise when a worker failed, died, stalled or
+        timed out (checked at least every ``_POLL`` seconds, also while other workers' messages
+        keep coming)."""
         try:
             message = self.workers.ready.get(timeout=_POLL)
         except Empty:
+            message = None
+        if message is not None:
+            self._dispatch(message)
+        if message is None or time.monotonic() - self.checked >= _POLL:
+            self.checked = time.monotonic()
             self._check_workers(waiting_for, started)
-            return
-        self._dispatch(message)
 
     def _dispatch(self, message):
-        if isinstance(message, BatchReady):
+        self.activity.pop(message.worker, None)  # a message is a sign of life
+        if isinstance(message, Reading):
+            self.reading[message.worker] = message.shard
+        elif isinstance(message, BatchReady):
             self.pending[(message.stream, message.index)] = message
         elif isinstance(message, WorkerDone):
             self.total[message.stream] = message.batches
@@ -161,11 +203,36 @@ class EpochIterator:
                                    f"during epoch {self.plan.epoch}, after delivering "
                                    f"{sum(self.delivered[s] for s in self.streams[worker])} batches; "
                                    f"the epoch cannot be completed"))
+        if self.stall_timeout is not None:
+            self._check_progress(waiting_for)
         timeout = self.timeout
         if timeout is not None and time.monotonic() - started > timeout:
             stream = self._next_stream()
             self._fail(TimeoutError(f"no batch from loader worker {waiting_for} for {timeout} s "
                                     f"(epoch {self.plan.epoch}, batch {self.delivered[stream]} of its stream {stream})"))
+
+    def _check_progress(self, worker):
+        """NOTE [stalled workers]: a WorkerError once ``worker`` has shown no sign of life for
+        ``stall_timeout`` seconds of waiting for it."""
+        now, pool = time.monotonic(), self.workers.pool
+        snapshot = pool.activity(worker)
+        last = self.activity.get(worker)
+        if snapshot is None or last is None or snapshot != last[0]:
+            self.activity[worker] = (snapshot, now)
+            return
+        if now - last[1] < self.stall_timeout:
+            return
+        state, pid = pool.state(worker), pool.pids()[worker]
+        pool.kill(worker)
+        shard = self.reading.get(worker)
+        where = f" while reading shard {shard!r}" if shard is not None else ""
+        self._fail(WorkerError(
+            f"loader worker {worker} (pid {pid}) made no progress for {now - last[1]:.0f} s{where} during epoch "
+            f"{self.plan.epoch} (no CPU time, no bytes read or written, no wake-up; its state was {state!r}): "
+            f"stopped (SIGSTOP), blocked in a read that does not return (a hung network file system) or "
+            f"deadlocked (a stage waiting forever). It was killed; the epoch cannot be completed. A slow worker "
+            f"that still shows signs of life is never stopped: set stall_timeout (now {self.stall_timeout:g} s) "
+            f"higher, or None to wait for ever"))
 
     def _fail(self, error):
         self.held = None

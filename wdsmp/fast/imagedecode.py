@@ -38,13 +38,15 @@ trained with torchvision transforms sees the same geometry.
 import io
 import math
 import re
+from time import perf_counter_ns
 from typing import NamedTuple, Tuple
 
 import numpy as np
 
 from .. import native
 from ..errors import DecodeError
-from ..imagesize import MAX_PIXELS, MAX_SIDE, ImageTooLarge, check_size, is_jpeg, jpeg_size
+from ..imagesize import (MAX_PIXELS, MAX_SIDE, ImageTooLarge, check_before_opening, check_budget, check_size,
+                         is_jpeg, jpeg_size, loader_pixel_budget)
 from .options import DecodeOptions, positive_range, unit_fraction
 
 __all__ = [
@@ -76,6 +78,8 @@ class ImageInfo(NamedTuple):
     # through the region decoder only the region of the DCT-scaled image the crop reads.
     decoded: Tuple[int, int]
     kind: str  # "jpeg", "ppm", "npy", "pil" or "array"
+    scale: int = 8  # a JPEG was decoded at scale/8 (DCT scaling); 8 for full size and other formats
+    region: bool = False  # a JPEG decoded only over the region the crop reads (NOTE [jpeg regions])
 
 
 def _uniform(rng, low, high):
@@ -222,11 +226,15 @@ def _npy_pixels(data):
     return np.ascontiguousarray(pixels)
 
 
-def _pil_pixels(data):
-    """HxWx3 pixels through Pillow; the size is checked before the pixels are decoded."""
+def _pil_pixels(data, box_of, out_size, dct_scaling, budget):
+    """``(pixels, height, width, box, box in pixels, "pil", scale, False)`` through Pillow: the size is
+    checked before the pixels are decoded, a JPEG is decoded at the DCT scale that covers the
+    box (Pillow's ``draft``), and what is decoded is held to ``budget`` pixels (formats other
+    than JPEG cannot be decoded smaller: they are refused above it)."""
     import PIL
     import PIL.Image
 
+    check_before_opening(data, budget)
     try:
         image = PIL.Image.open(io.BytesIO(data))
     except PIL.Image.DecompressionBombError as exn:
@@ -234,13 +242,24 @@ def _pil_pixels(data):
     except PIL.UnidentifiedImageError as exn:
         raise _Refused(f"not an image format Pillow knows (it starts {bytes(data[:8])!r})") from exn
     with image:
-        check_size(image.height, image.width, f"the {image.format} image")
+        height, width = image.height, image.width
+        what = f"the {image.format} image"
+        check_size(height, width, what)
+        box = box_of(height, width)
+        n = dct_scale(height, width, box[2], box[3], *out_size) if dct_scaling and image.format == "JPEG" else 8
+        if n < 8:
+            image.draft(image.mode, (-(-width * n // 8), -(-height * n // 8)))
+        check_budget(image.height, image.width, budget, what)
         image.load()
-        return np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
+        pixels = np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
+    sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
+    y0, x0 = box[0] * sy, box[1] * sx
+    scaled = (y0, x0, min(box[2] * sy, pixels.shape[0] - y0), min(box[3] * sx, pixels.shape[1] - x0))
+    return pixels, height, width, box, scaled if (sy, sx) != (1, 1) else box, "pil", n, False
 
 
-def _jpeg_pixels(data, box_of, out_size, dct_scaling, region):
-    """``(pixels, height, width, box, box in pixels, kind)`` of a JPEG, decoded at a DCT
+def _jpeg_pixels(data, box_of, out_size, dct_scaling, region, budget):
+    """``(pixels, height, width, box, box in pixels, kind, scale, region)`` of a JPEG, decoded at a DCT
     scale that covers the box, only the region the crop needs when ``region`` and the
     region decoder is built (NOTE [jpeg regions]); None for what libjpeg-turbo cannot
     read or would convert differently (CMYK). What it refuses after the header goes to
@@ -264,6 +283,7 @@ def _jpeg_pixels(data, box_of, out_size, dct_scaling, region):
     if decoder is not None:
         top, bottom = _region_span(y0, inside[2], out_size[0], scaled_h)
         left, right = _region_span(x0, inside[3], out_size[1], scaled_w)
+        check_budget(bottom - top, right - left, budget, "the JPEG image")
         try:
             pixels, top, left = decoder.decode_region(data, n, top, left, bottom - top, right - left,
                                                       max_side=MAX_SIDE, max_pixels=MAX_PIXELS)
@@ -272,14 +292,15 @@ def _jpeg_pixels(data, box_of, out_size, dct_scaling, region):
         else:
             y, x = y0 - top, x0 - left
             return pixels, height, width, box, (y, x, min(inside[2], pixels.shape[0] - y),
-                                                min(inside[3], pixels.shape[1] - x)), "jpeg"
+                                                min(inside[3], pixels.shape[1] - x)), "jpeg", n, True
     # ceil(side n / 8): simplejpeg then picks exactly n/8 (see dct_scale).
+    check_budget(scaled_h, scaled_w, budget, "the JPEG image")
     scaled = {} if n == 8 else {"min_height": scaled_h, "min_width": scaled_w}
     try:
         pixels = simplejpeg.decode_jpeg(data, "RGB", **scaled)
     except ValueError:
-        return _pil_pixels(data), height, width, box, box, "pil"
-    return pixels, height, width, box, box if n == 8 else inside, "jpeg"
+        return _pil_pixels(data, lambda h, w: box, out_size, dct_scaling, budget)
+    return pixels, height, width, box, box if n == 8 else inside, "jpeg", n, False
 
 
 def _region_span(start, length, out, size):
@@ -308,7 +329,10 @@ def decode_into(data, out, train, rng, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3
     of wdsmp uses too), binary 8-bit PPM/PGM and ``.npy`` uint8 arrays (no
     decoding), anything else through Pillow. Headers that claim more than
     ``MAX_SIDE`` per side or ``MAX_PIXELS`` in all are refused before any pixel
-    is allocated. ``data`` may also be pixels a stage decoded already (a uint8
+    is allocated, and so is an image that would decode to more pixels than the
+    budget (``DecodeOptions.max_pixels``, else ``imagesize.loader_pixel_budget``:
+    at least 256 times the output's pixels): JPEGs are decoded at reduced size
+    first, so it is formats decoded whole (PNG, WebP, ...) that meet it. ``data`` may also be pixels a stage decoded already (a uint8
     HxWx3, HxWx1 or HxW array, or a PIL image): they are only cropped and
     resized. Failures raise :class:`wdsmp.DecodeError` naming ``url`` and
     ``member``, the cause chained.
@@ -319,9 +343,11 @@ def decode_into(data, out, train, rng, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3
     return decode_with_options(data, out, options, rng, url=url, member=member)
 
 
-def decode_with_options(data, out, options, rng, *, url=None, member=None):
+def decode_with_options(data, out, options, rng, *, url=None, member=None, clock=None):
     """:func:`decode_into` with its crop arguments in ``options`` (a ``DecodeOptions``, checked
-    when it was made): the per-image path of the loader's workers, which checks them no more."""
+    when it was made): the per-image path of the loader's workers, which checks them no more.
+    ``clock``, if given, gets the nanoseconds spent decoding added to its ``decode_ns`` and
+    those spent cropping, resizing and flipping to its ``resize_ns``."""
     if not (isinstance(out, np.ndarray) and out.dtype == np.uint8 and out.ndim == 3 and out.shape[2] == 3
             and out.flags.c_contiguous and out.flags.writeable):
         raise ValueError(f"out must be a writable C-contiguous HxWx3 uint8 array, not "
@@ -333,26 +359,39 @@ def decode_with_options(data, out, options, rng, *, url=None, member=None):
             return _random_box(height, width, rng, options.scale, options.ratio)
         return _center_box(height, width, *out_size, options.resize_ratio)
 
+    budget = loader_pixel_budget(options.max_pixels, *out_size)
+    start = perf_counter_ns()
     try:
         encoded = isinstance(data, (bytes, bytearray, memoryview))
-        decoded = _jpeg_pixels(data, box_of, out_size, options.dct_scaling, options.region) if encoded else None
+        decoded = None
+        if encoded:
+            decoded = _jpeg_pixels(data, box_of, out_size, options.dct_scaling, options.region, budget)
+            if decoded is None:
+                decoded = _raw_pixels(data, box_of, out_size, options.dct_scaling, budget)
         if decoded is None:
-            pixels, kind = _raw_pixels(data) if encoded else (_array_pixels(data), "array")
+            pixels = _array_pixels(data)
             height, width = pixels.shape[:2]
             box = scaled = box_of(height, width)
+            kind, scale, region = "array", 8, False
         else:
-            pixels, height, width, box, scaled, kind = decoded
+            pixels, height, width, box, scaled, kind, scale, region = decoded
     except (_Refused, ImageTooLarge) as exn:
         raise DecodeError(str(exn), url, member) from exn.__cause__
     except (ValueError, OSError, SyntaxError) as exn:  # how libjpeg-turbo, numpy and Pillow report damage
         raise DecodeError(f"cannot decode the image ({type(exn).__name__}: {exn})", url, member) from exn
+    decoded_at = perf_counter_ns()
     flipped = bool(train and options.flip and rng.random() < options.flip)
     _resize(pixels, scaled, out, flipped)
-    return ImageInfo(height, width, tuple(box), flipped, pixels.shape[:2], kind)
+    if clock is not None:
+        end = perf_counter_ns()
+        clock.decode_ns += decoded_at - start
+        clock.resize_ns += end - decoded_at
+    return ImageInfo(height, width, tuple(box), flipped, pixels.shape[:2], kind, scale, region)
 
 
-def _raw_pixels(data):
-    """``(pixels, kind)`` of anything but a JPEG libjpeg-turbo decodes."""
+def _raw_pixels(data, box_of, out_size, dct_scaling, budget):
+    """``(pixels, height, width, box, box in pixels, kind, scale, region)`` of anything but a JPEG
+    libjpeg-turbo decodes: PNM and ``.npy`` pixels as they are, the rest through Pillow."""
     head = bytes(data[:6])
     pixels = None
     if head[:2] in (b"P5", b"P6"):
@@ -360,8 +399,9 @@ def _raw_pixels(data):
     elif head == _NPY_MAGIC:
         pixels, kind = _npy_pixels(data), "npy"
     if pixels is None:
-        pixels, kind = _pil_pixels(data), "pil"
-    return pixels, kind
+        return _pil_pixels(data, box_of, out_size, dct_scaling, budget)
+    box = box_of(*pixels.shape[:2])
+    return pixels, pixels.shape[0], pixels.shape[1], box, box, kind, 8, False
 
 
 def _array_pixels(value):

@@ -29,7 +29,8 @@ NOTE [loader protocol]
       worker then runs several streams, making their batches in this order.
     * Waiting: every wait has a short timeout after which the workers'
       liveness is checked: a worker that died is reported within a second,
-      naming its exit code or signal.
+      naming its exit code or signal, and the awaited worker's signs of life
+      are sampled (NOTE [stalled workers] in ``delivery.py``).
     * Workers persist across epochs. An epoch left unfinished (``break``,
       an error, a new ``iter()``) restarts them: their slots and queues are
       in an unknown state, and restarting is cheap (forked from the fork server).
@@ -54,14 +55,16 @@ NOTE [shutdown order]
     FastLoader unlinks rings whose owner died without closing.
 """
 
+import warnings
 import weakref
 
 from ..validation import is_int
 from ..epochplan import PlanPosition, plan_epoch, streams_of_workers
 from ..handlers import reraise_exception
-from ..shardindex import shard_counts
+from ..shardcount import known_counts
 from . import pool as _pool
 from .batches import Batch, SlotTensors
+from .bottleneck import shard_source
 from .delivery import EpochIterator
 from .layout import BatchLayout, FieldSpec
 from .options import IMAGE_KEYS, DecodeOptions, LoaderOptions
@@ -86,13 +89,21 @@ class FastLoader:
 
     Data: ``urls`` is a shard spec (``"train-{0000..0146}.tar"``, any gopen URL), a list of
     URLs or ``(url, sample_count)`` pairs, or the path or URL of a shard index (``.json``,
-    see ``wdsmp.shardindex``); ``index=`` adds counts from an index to given URLs. With every
-    count known, epochs are exact (every sample once across ranks and workers, the same full
-    batches on every rank, ``len()`` works); without, shards are the unit and the last batch
-    of a worker may be short. Each sample needs an image (the first of ``image_keys``
-    present: JPEG decoded by libjpeg-turbo, ``.ppm``/``.npy`` raw pixels taken as they are,
+    see ``wdsmp.shardindex``); ``index=`` adds counts from an index to given URLs. Local
+    shards without counts count themselves (their tar headers, kept in a cache under
+    ``cache_dir`` or the user's cache directory); remote ones take theirs from the index
+    beside them (``index.json``), if any. With every count known, epochs are exact (every
+    sample once across ranks and workers, the same full batches on every rank, ``len()``
+    works). Without, on more than one rank, the loader refuses, with the command that
+    writes the index, unless ``exact=False``: then (and on one rank) whole shards are dealt
+    out, the last batch of a worker may be short, and shards read by no rank or twice are
+    counted in ``stats`` and announced each epoch. Each sample needs an image (the first of
+    ``image_keys`` present: JPEG decoded by libjpeg-turbo, ``.ppm``/``.npy`` raw pixels taken as they are,
     other formats through Pillow) and, unless ``label=None``, a label (``label``: an
-    extension holding an integer, as ``.cls``, or a function ``sample -> int``).
+    extension holding an integer, as ``.cls``, or a function ``sample -> int``). Labels and
+    fields are never cast: a label must be an integer (``.cls`` text: ASCII digits, an
+    optional sign), a field's values must fit its dtype as they are (no 300 in a uint8, no
+    3.7 in an int), else the sample is an error (``values.py``).
 
     Images: ``train=True`` draws RandomResizedCrop(``scale``, ``ratio``) boxes and flips with
     probability ``flip``; ``train=False`` resizes the short side to ``image_size /
@@ -123,12 +134,23 @@ class FastLoader:
     cached (too large for the cache's size limit, no room, another process fetching it for
     too long) is read directly, with a warning.
 
-    Throughput: ``stats`` counts images, images/s and the time spent waiting for workers;
-    ``progress=True`` (or seconds between reports) prints them to stderr as it goes.
+    Memory: an image is refused (a ``DecodeError`` for ``handler``) when it would decode to
+    more than ``max_image_pixels`` pixels (default ``WDSMP_MAX_IMAGE_PIXELS``, else the larger
+    of 64 Mi and 256 times the output's pixels; JPEGs are decoded at reduced size first), and a
+    tar member larger than ``WDSMP_MAX_MEMBER_SIZE`` (1 GiB) is a ``TarFormatError``.
+
+    Throughput: ``stats`` says where the time goes, stage by stage, and names the bottleneck;
+    ``progress=True`` (or seconds between reports) prints the rate and the bottleneck to
+    stderr as it goes.
 
     Errors: by default a bad sample stops the epoch with a ``WorkerError`` naming the
     worker, shard and member; ``handler=wdsmp.warn_and_continue`` skips bad samples instead
-    (counted in ``stats``; NOTE [full batches] in ``worker.py``). Batches are views of shared
+    (counted in ``stats``; NOTE [full batches] in ``worker.py``); a stage that yields anything
+    but a sample dict (None) is such an error too. A shard whose sample count differs from the
+    index's is read as planned, with a warning (NOTE [stale counts] in ``ranges.py``). A worker
+    that shows no sign of life for ``stall_timeout`` seconds (120; stopped, stuck in a read,
+    deadlocked) is killed and reported (NOTE [stalled workers] in ``delivery.py``); ``timeout``
+    bounds the wait for any one batch (none by default). Batches are views of shared
     memory valid until the next ``next()`` (NOTE [batch lifetime]; ``copy=True`` to keep
     them). ``close()``, ``with`` or garbage collection stop the workers and free the memory.
     """
@@ -138,20 +160,21 @@ class FastLoader:
                  stages=(), handler=reraise_exception, shuffle=None, shuffle_buffer=None,
                  rank=None, world_size=None, policy="drop", resampled=False, epoch_batches=None,
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5, resize_ratio=0.875, dct_scaling=True,
-                 channels_first=False, copy=False, prefetch=2, timeout=None, start_method="forkserver",
-                 progress=False, cache_dir=None):
+                 channels_first=False, copy=False, prefetch=2, timeout=None, stall_timeout=120.0,
+                 start_method="forkserver", progress=False, cache_dir=None, max_image_pixels=None, exact=True):
         if _pool.starting_a_worker():  # NOTE [main module] in pool.py
             raise RuntimeError("a FastLoader was made while a worker process was starting and importing the main "
                                "script: a function given to the loader is defined in that script, so workers "
                                "import it; put the script's code under if __name__ == '__main__':, or define "
                                "the function in a module of its own")
         options = LoaderOptions(
-            batch_size, DecodeOptions(train, scale, ratio, flip, resize_ratio, dct_scaling), num_workers=num_workers,
+            batch_size, DecodeOptions(train, scale, ratio, flip, resize_ratio, dct_scaling,
+                                      max_pixels=max_image_pixels), num_workers=num_workers,
             image_size=image_size, seed=seed, label=label, image_keys=image_keys, keys=keys, key_length=key_length,
             fields=fields, stages=stages, handler=handler, shuffle=shuffle, shuffle_buffer=shuffle_buffer, rank=rank,
             world_size=world_size, policy=policy, resampled=resampled, epoch_batches=epoch_batches,
-            channels_first=channels_first, copy=copy, prefetch=prefetch, timeout=timeout, start_method=start_method,
-            progress=progress, cache_dir=cache_dir)
+            channels_first=channels_first, copy=copy, prefetch=prefetch, timeout=timeout,
+            stall_timeout=stall_timeout, start_method=start_method, progress=progress, cache_dir=cache_dir)
         self._options = options
         self.batch_size, self.num_workers, self.prefetch = options.batch_size, options.num_workers, options.prefetch
         self.image_size, self.train, self.seed = options.image_size, options.train, options.seed
@@ -159,7 +182,16 @@ class FastLoader:
         self.policy, self.resampled, self.epoch_batches = options.policy, options.resampled, options.epoch_batches
         self.copy, self.channels_first, self.timeout = options.copy, options.channels_first, options.timeout
         self.progress = options.progress  # seconds between reports on stderr, or None
-        self.shards = shard_counts(urls, index)
+        if not isinstance(exact, bool):
+            raise ValueError(f"exact must be True or False, not {exact!r}")
+        self.exact = exact
+        # Unknown counts leave ranks unequal (a resampled epoch is a number of batches; one rank is alone).
+        required = exact and not self.resampled and self.world_size > 1
+        self.shards = known_counts(
+            urls, index, cache_dir=options.cache_dir, handler=options.handler,
+            required_by=f"FastLoader on {self.world_size} ranks" if required else None,
+            otherwise="pass exact=False for epochs of whole shards per rank (which may then hand out "
+                      "different numbers of batches)")
         layout, extra = _layout(options)
         mp_context = _pool.context(start_method)  # a bad start method fails here, not at the first batch
         self.plan(0)  # bad plan arguments (rank, policy, too few samples) fail here too
@@ -172,11 +204,13 @@ class FastLoader:
         self._config = WorkerConfig(
             ring=self._ring.name, layout=layout, image_keys=options.image_keys, label=options.label, fields=extra,
             keys=options.keys, stages=options.stages, handler=options.handler, decode=options.decode,
-            shuffle_buffer=options.shuffle_buffer, cache_dir=options.cache_dir)
+            shuffle_buffer=options.shuffle_buffer, cache_dir=options.cache_dir,
+            counts=tuple(count for _, count in self.shards))
         self._resources = LoaderResources(self._ring)
         self._finalizer = weakref.finalize(self, self._resources.close)
         self._slots = SlotTensors(self._ring, copy=self.copy, channels_first=self.channels_first)
-        self._stats = LoaderStats(report_every=self.progress)
+        self._stats = LoaderStats(report_every=self.progress, num_workers=self.num_workers,
+                                  source=shard_source([url for url, _ in self.shards]), cache_dir=options.cache_dir)
         self.epoch = 0
         self._resume = None
         self._delivery = None  # the current epoch's DeliveryState (never its iterator: see there)
@@ -194,7 +228,8 @@ class FastLoader:
             streams = len(position.worker_batches)
         return plan_epoch(self.shards, position, batch_size=self.batch_size, seed=self.seed, rank=self.rank,
                           world_size=self.world_size, num_streams=streams, policy=self.policy,
-                          shuffle=self.shuffle, resampled=self.resampled, epoch_batches=self.epoch_batches)
+                          shuffle=self.shuffle, resampled=self.resampled, epoch_batches=self.epoch_batches,
+                          exact=self.exact)
 
     def set_epoch(self, epoch):
         """Make the next ``iter()`` run epoch ``epoch`` (as DistributedSampler.set_epoch)."""
@@ -208,8 +243,9 @@ class FastLoader:
         """Batches per epoch on this rank; TypeError when sample counts are unknown."""
         batches = self.plan(PlanPosition(self.epoch)).batches_per_rank
         if batches is None:
-            raise TypeError("len() of a FastLoader needs every shard's sample count: pass (url, count) "
-                            "pairs or a shard index (index=..., see wdsmp.shardindex)")
+            raise TypeError("len() of a FastLoader needs exact epochs: every shard's sample count (local shards "
+                            "count themselves; pass (url, count) pairs or a shard index, index=..., for remote "
+                            "ones) and exact=True")
         return batches
 
     def __iter__(self):
@@ -221,6 +257,11 @@ class FastLoader:
         self._resume = None
         plan = self.plan(position)
         self.epoch = plan.epoch + 1
+        if position.batches_done == 0:  # announced once, when the epoch starts
+            self._stats.add_plan(plan.dropped, plan.repeated, plan.mode == "shards")
+            notice = plan.notice()
+            if notice is not None:
+                warnings.warn(notice, stacklevel=2)
         workers = self._resources.workers
         if workers is None or workers.broken:
             workers = self._resources.start_workers(self._config, self.num_workers, self.prefetch,
@@ -230,7 +271,7 @@ class FastLoader:
             workers.tasks[w].put(tuple(plan.streams[s] for s in mine))
         self._stats.start()
         iterator = EpochIterator(workers, plan, streams, resources=self._resources, slots=self._slots,
-                                 stats=self._stats, timeout=self.timeout)
+                                 stats=self._stats, timeout=self.timeout, stall_timeout=self._options.stall_timeout)
         self._delivery = iterator.state
         return iterator
 
@@ -251,11 +292,13 @@ class FastLoader:
         return {"epoch": epoch, "batches_done": sum(delivered), "worker_batches": list(delivered),
                 "worker_consumed": None if consumed is None else list(consumed),
                 "batch_size": self.batch_size, "seed": self.seed, "rank": self.rank,
-                "world_size": self.world_size}
+                "world_size": self.world_size, "exact": self.exact}
 
     def load_state_dict(self, state):
         """Make the next ``iter()`` continue where ``state`` (from ``state_dict``) stood."""
-        for name in ("batch_size", "seed", "rank", "world_size"):
+        for name in ("batch_size", "seed", "rank", "world_size", "exact"):
+            if name == "exact" and name not in state:
+                continue  # saved before whole-shard epochs were a setting of their own
             if state.get(name) != getattr(self, name):
                 raise ValueError(f"state was saved with {name}={state.get(name)!r}, this loader has "
                                  f"{getattr(self, name)!r}: resuming exactly needs the same settings")
@@ -270,9 +313,21 @@ class FastLoader:
 
     @property
     def stats(self):
-        """Counters since the loader started: batches, samples, images_per_s, wait_s (time spent
-        waiting for workers) and wait_fraction, skipped (bad samples the handler let pass) and
-        padded (rows repeated to keep batches full)."""
+        """Where the time went since the loader was made, as plain data (NOTE [stage times] in
+        ``stats.py``): ``batches``, ``samples``, ``skipped`` (bad samples the handler let pass),
+        ``padded`` (rows repeated to keep batches full), ``dropped`` and ``repeated`` (samples the
+        epochs left to no rank, or gave this rank twice, where counts are known) and
+        ``dropped_shards`` and ``repeated_shards`` (the same in whole shards, in epochs of whole
+        shards); ``images_per_s`` over ``elapsed_s``
+        (from the first batch handed out to the last), ``startup_s`` (construction to the first
+        batch) and ``images_per_s_with_startup`` (``interval`` says so too); in the main process
+        ``wait_s`` (waiting for workers), ``training_s`` (the training loop holding batches),
+        ``transfer_s`` (``.cuda()``) and ``wait_fraction``; from the workers ``workers_busy``
+        (the share of their time spent on batches), ``worker_busy_s``, ``stages`` (``{stage:
+        {"seconds", "ms_per_image"}}`` for fetch, split, stages, decode, resize, write,
+        slot_wait and other), the same per worker in ``workers``, ``decode`` (JPEGs decoded, by
+        region, DCT-scaled) and ``shards`` (opened, cache hits and misses); and ``bottleneck``,
+        the sentence ``progress=`` prints."""
         return self._stats.snapshot(max(self.epoch - 1, 0))
 
     def cuda(self, device=None, *, mean=None, std=None, dtype=None, channels_last=True, depth=2):

@@ -1,18 +1,18 @@
 """What travels on the loader's queues: small frozen dataclasses, never pixels.
 
 Pixels stay in the ring; a queue carries a slot index inside ``BatchReady``,
-a worker's end of epoch, a failure as data (type, message, traceback text,
-where), or ``Stop``. They are plain data, so they pickle small and the same
+the shard a worker starts reading, a worker's end of epoch, a failure as data
+(type, message, traceback text, where), or ``Stop``. They are plain data, so they pickle small and the same
 under spawn and forkserver.
 """
 
 import traceback as _traceback
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from ..errors import WorkerError
 
-__all__ = ["BatchReady", "Stop", "WorkerDone", "WorkerFailed", "WorkerWarning"]
+__all__ = ["BatchReady", "Reading", "Stop", "WorkerDone", "WorkerFailed", "WorkerWarning"]
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,8 @@ class BatchReady:
     may be short when sample counts are unknown). ``consumed`` is how many
     items the worker had taken from its sample stream when the batch was
     done, skipped ones included: what a resume after this batch must drop.
+    ``times``: where the worker's time on this batch went, ints in the order of
+    ``stats.BATCH_FIELDS`` (NOTE [stage times] in stats.py); empty if untimed.
     """
 
     slot: int
@@ -38,6 +40,15 @@ class BatchReady:
     count: int
     consumed: int = 0
     stream: int = 0
+    times: Tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Worker ``worker`` starts reading shard ``shard``: where it is, should it stall there."""
+
+    worker: int
+    shard: str
 
 
 @dataclass(frozen=True)

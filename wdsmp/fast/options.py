@@ -55,7 +55,8 @@ class DecodeOptions:
     """How images are cropped (``imagedecode.decode_into``'s arguments): a random resized crop
     (``scale``, ``ratio``) flipped with probability ``flip`` when ``train``, else the centre
     crop of the image resized to ``size / resize_ratio``; ``dct_scaling`` and ``region``
-    let JPEGs be decoded smaller and in part (NOTE [jpeg regions])."""
+    let JPEGs be decoded smaller and in part (NOTE [jpeg regions]); ``max_pixels`` is the most
+    pixels one image may decode to (None: ``imagesize.loader_pixel_budget``)."""
 
     train: bool = True
     scale: Tuple[float, float] = (0.08, 1.0)
@@ -64,6 +65,7 @@ class DecodeOptions:
     resize_ratio: float = 0.875
     dct_scaling: bool = True
     region: bool = True
+    max_pixels: Optional[int] = None
 
     def __post_init__(self):
         _set(self, "train", bool(self.train))
@@ -73,6 +75,8 @@ class DecodeOptions:
         _set(self, "resize_ratio", unit_fraction(self.resize_ratio, "resize_ratio", zero=False))
         _set(self, "dct_scaling", bool(self.dct_scaling))
         _set(self, "region", bool(self.region))
+        if self.max_pixels is not None:
+            positive_int(self.max_pixels, "max_image_pixels")
 
 
 def _image_size(value):
@@ -130,6 +134,7 @@ class LoaderOptions:
     copy: bool = False
     prefetch: int = 2
     timeout: Optional[float] = None
+    stall_timeout: Optional[float] = 120.0
     start_method: str = "forkserver"
     progress: Union[bool, float, None] = False
     cache_dir: Optional[str] = None
@@ -165,8 +170,10 @@ class LoaderOptions:
         _set(self, "resampled", bool(self.resampled))
         _set(self, "channels_first", bool(self.channels_first))
         _set(self, "copy", bool(self.copy))
-        if self.timeout is not None and not self.timeout > 0:
-            raise ValueError(f"timeout must be None or a positive number of seconds, not {self.timeout!r}")
+        for name in ("timeout", "stall_timeout"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+                raise ValueError(f"{name} must be None or a positive number of seconds, not {value!r}")
         progress = self.progress
         if isinstance(progress, bool) or progress is None:
             progress = 10.0 if progress else None

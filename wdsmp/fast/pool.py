@@ -39,8 +39,19 @@ NOTE [semaphore names]
     are collected, or its resource tracker when the process dies. A SIGKILL
     to the whole process group (a job scheduler's) kills the tracker too,
     and the semaphores stay until reboot. The loader's are therefore named
-    ``wdsmp-sem-<pid>-...`` (``named_semaphores``), and ``sweep_semaphores``,
-    run by every new loader, unlinks those of processes that no longer exist.
+    ``wdsmp-sem-<pid>-<token>-...`` (``named_semaphores``), and
+    ``sweep_semaphores``, run by every new loader, unlinks those whose owner
+    is gone. Whether it is gone is not told by the pid: processes in other
+    PID namespaces (containers sharing the host's /dev/shm) have pids that
+    mean nothing here, or another process's. Instead each process that names
+    semaphores first takes an flock on ``/dev/shm/wdsmp-sem-<pid>-<token>.lock``
+    and holds it until it dies (the kernel releases it then, whatever killed
+    it); the sweep unlinks a semaphore, and then the lock file, only when it
+    can take that lock itself or the file is gone. flock works across PID
+    namespaces on one file system. The lock is taken before any semaphore
+    exists, and checked to be still the file at its path (a sweep may remove
+    a lock file made but not yet locked: a new token is tried then). A clean
+    exit removes the lock file when none of the semaphores is left.
 
 NOTE [CPython internals]
     multiprocessing offers no public way to read the fork server's preload
@@ -61,27 +72,32 @@ NOTE [CPython internals]
     tests/fast/test_pool.py checks all three against the running Python.
 """
 
+import atexit
 import contextlib
+import errno
+import fcntl
 import multiprocessing
 import os
 import pickle
 import pickletools
 import re
+import secrets
 import signal
 import sys
 import time
 import types
 
-from ..liveness import pid_alive
-
-__all__ = ["START_METHODS", "WorkerPool", "context", "describe_exit", "named_semaphores", "preloads",
-           "refers_to_main", "start_server", "starting_a_worker", "sweep_semaphores"]
+__all__ = ["START_METHODS", "WorkerPool", "context", "describe_exit", "named_semaphores", "no_room_for_semaphores",
+           "preloads", "refers_to_main", "start_server", "starting_a_worker", "sweep_semaphores"]
 
 START_METHODS = ("forkserver", "spawn", "fork")
 _PRELOAD = "wdsmp.fast.worker"
 _DEFAULT_PRELOADS = ["__main__"]  # CPython's, until someone sets others
 SEM_PREFIX = "wdsmp-sem-"
 _SEM_DIR = "/dev/shm"
+_SEMAPHORE = re.compile(rf"sem\.{re.escape(SEM_PREFIX)}(\d+-[0-9a-f]{{8}})-\w+")  # its owner's key
+_OWNER_LOCK = re.compile(rf"{re.escape(SEM_PREFIX)}(\d+-[0-9a-f]{{8}})\.lock")
+_owner = None  # (pid, key, descriptor of the held lock file) of this process: NOTE [semaphore names]
 
 
 def context(start_method):
@@ -124,15 +140,84 @@ def start_server(ctx, main=False):
 
 @contextlib.contextmanager
 def named_semaphores():
-    """Semaphores made inside (queues, events) named after this process (NOTE [semaphore
-    names]); multiprocessing names them from its process's ``semprefix``."""
+    """Semaphores made inside (queues, events) named after this process and its held lock
+    (NOTE [semaphore names]); multiprocessing names them from its process's ``semprefix``."""
     config = _process_config()
     before = config.get("semprefix", "/mp")
-    config["semprefix"] = f"/{SEM_PREFIX}{os.getpid()}"
+    config["semprefix"] = f"/{SEM_PREFIX}{_owner_key(_SEM_DIR)}"
     try:
         yield
     finally:
         config["semprefix"] = before
+
+
+def _owner_key(directory):
+    """``<pid>-<token>``, this process's name for its semaphores, once it holds the flock of
+    ``<directory>/wdsmp-sem-<key>.lock`` (for the rest of its life: NOTE [semaphore names])."""
+    global _owner
+    pid = os.getpid()
+    if _owner is not None and _owner[0] == pid:
+        return _owner[1]
+    while True:
+        key = f"{pid}-{secrets.token_hex(4)}"
+        path = os.path.join(directory, f"{SEM_PREFIX}{key}.lock")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            continue  # a token drawn twice
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            here, mine = os.stat(path), os.fstat(fd)
+            if (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev):
+                _owner = (pid, key, fd)
+                atexit.register(_leave, directory, pid, key)
+                return key
+        except (BlockingIOError, FileNotFoundError):
+            pass  # a sweep took it for a dead owner's between its creation and the lock
+        os.close(fd)
+
+
+def _leave(directory, pid, key):
+    """At a clean exit, remove this process's lock file if none of its semaphores is left (else
+    the next sweep removes it, once this process is gone and its lock free)."""
+    if os.getpid() != pid:
+        return
+    try:
+        if not any(name.startswith(f"sem.{SEM_PREFIX}{key}-") for name in os.listdir(directory)):
+            os.unlink(os.path.join(directory, f"{SEM_PREFIX}{key}.lock"))
+    except OSError:
+        pass  # the sweep will
+
+
+def _lock_of_a_dead_owner(directory, key):
+    """The lock of the process that named semaphores ``key``, taken (a descriptor, -1 when the
+    lock file is gone) when that process is gone; None while it holds the lock (NOTE
+    [semaphore names])."""
+    try:
+        fd = os.open(os.path.join(directory, f"{SEM_PREFIX}{key}.lock"), os.O_RDONLY)
+    except FileNotFoundError:
+        return -1
+    except OSError:
+        return None  # not ours to judge
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def no_room_for_semaphores(num_workers, directory=_SEM_DIR):
+    """The OSError (ENOSPC) that says why the queues of ``num_workers`` workers could not be made:
+    each of their semaphores takes a page of ``directory``, and it is full."""
+    count = 5 + 3 * (1 + 2 * num_workers)  # an Event, the ready queue, a task and a free queue per worker
+    page = os.sysconf("SC_PAGE_SIZE")
+    stat = os.statvfs(directory)
+    return OSError(errno.ENOSPC, f"{directory} is full: it holds {stat.f_blocks * stat.f_frsize / 1024:,.0f} KiB, "
+                                 f"and after the loader's ring and what else is there it has no room for the "
+                                 f"{count} semaphores of the queues of {num_workers} workers, one page each "
+                                 f"({count * page / 1024:,.0f} KiB in all); free some of {directory}, use fewer "
+                                 f"workers, or enlarge it (docker run --shm-size=...)")
 
 
 def _process_config():
@@ -148,22 +233,32 @@ def starting_a_worker():
 
 
 def sweep_semaphores(directory=_SEM_DIR):
-    """Unlink the loader semaphores of processes that no longer exist (NOTE [semaphore names]);
-    the names swept."""
-    pattern = re.compile(rf"sem\.{re.escape(SEM_PREFIX)}(\d+)-\w+")
+    """Unlink the loader semaphores whose owner is gone, then its lock file, holding that lock
+    meanwhile (NOTE [semaphore names]); the names swept."""
     try:
         names = os.listdir(directory)
     except OSError:
         return []
-    swept = []
+    owners = {}
     for name in names:
-        match = pattern.fullmatch(name)
-        if match and not pid_alive(int(match.group(1))):
-            try:
-                os.unlink(os.path.join(directory, name))
-                swept.append(name)
-            except FileNotFoundError:  # another loader swept it first
-                pass
+        match = _SEMAPHORE.fullmatch(name) or _OWNER_LOCK.fullmatch(name)
+        if match is not None:
+            owners.setdefault(match.group(1), []).append(name)
+    swept = []
+    for key, owned in owners.items():
+        lock = _lock_of_a_dead_owner(directory, key)
+        if lock is None:
+            continue
+        try:
+            for name in sorted(owned, key=lambda name: name.endswith(".lock")):  # the lock file last
+                try:
+                    os.unlink(os.path.join(directory, name))
+                    swept.append(name)
+                except FileNotFoundError:  # another loader swept it first
+                    pass
+        finally:
+            if lock >= 0:
+                os.close(lock)
     return swept
 
 
@@ -223,6 +318,40 @@ class WorkerPool:
 
     def pids(self):
         return [p.pid for p in self.processes]
+
+    def activity(self, worker):
+        """What worker ``worker``'s process has done so far, as the kernel counts it: CPU time
+        (all threads), bytes read and written, and its main thread's context switches (each
+        sleep, wait or blocking read that returned). Two equal snapshots mean it did nothing in
+        between: stopped (SIGSTOP), stuck in a read that never returns, or deadlocked. None
+        when it cannot be read (the process is gone, or /proc says nothing)."""
+        import psutil
+
+        try:
+            process = psutil.Process(self.processes[worker].pid)
+            with process.oneshot():
+                cpu, switches = process.cpu_times(), process.num_ctx_switches()
+                try:
+                    io = process.io_counters()  # read_chars counts sockets and pipes too
+                except (psutil.AccessDenied, AttributeError):
+                    io = ()
+        except (psutil.Error, OSError):
+            return None
+        return cpu.user, cpu.system, switches.voluntary, switches.involuntary, tuple(io)
+
+    def state(self, worker):
+        """Worker ``worker``'s process state in the kernel's words ("stopped", "disk-sleep", ...)."""
+        import psutil
+
+        try:
+            return psutil.Process(self.processes[worker].pid).status()
+        except (psutil.Error, OSError):
+            return "unknown"
+
+    def kill(self, worker):
+        """SIGKILL worker ``worker`` (a stopped process too; one in an uninterruptible read dies
+        when the read returns)."""
+        self.processes[worker].kill()
 
     def stop(self, timeout=5.0):
         """Wait up to ``timeout`` seconds for the workers to exit (after the caller told them to),

@@ -3,6 +3,8 @@ and their queues, and clean-ups such as pinned-memory registrations (NOTE [shutd
 NOTE [loader protocol] in ``loader.py``). Kept apart from the loader object, so that the
 loader's finalizer holds no reference cycle."""
 
+import errno
+
 from . import pool as _pool
 from .messages import Stop
 from .worker import worker_main
@@ -15,11 +17,16 @@ class Workers:
 
     def __init__(self, config, num_workers, prefetch, start_method):
         ctx = _pool.context(start_method)
-        with _pool.named_semaphores():  # NOTE [semaphore names] in pool.py
-            self.stop_event = ctx.Event()
-            self.ready = ctx.Queue()
-            self.tasks = [ctx.Queue() for _ in range(num_workers)]
-            self.free = [ctx.Queue() for _ in range(num_workers)]
+        try:
+            with _pool.named_semaphores():  # NOTE [semaphore names] in pool.py
+                self.stop_event = ctx.Event()
+                self.ready = ctx.Queue()
+                self.tasks = [ctx.Queue() for _ in range(num_workers)]
+                self.free = [ctx.Queue() for _ in range(num_workers)]
+        except OSError as exn:
+            if exn.errno != errno.ENOSPC:
+                raise
+            raise _pool.no_room_for_semaphores(num_workers) from exn
         for w, queue in enumerate(self.free):
             for slot in range(w * prefetch, (w + 1) * prefetch):
                 queue.put(slot)

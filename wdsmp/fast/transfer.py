@@ -22,6 +22,7 @@ NOTE [pinned transfer]
 """
 
 import collections
+from time import perf_counter_ns
 
 from ..validation import positive_int
 
@@ -113,6 +114,7 @@ class CudaLoader:
         import torch
 
         epoch = iter(self.loader)
+        stats = epoch.stats
         pinned = _register(epoch.resources)
         side = torch.cuda.Stream(self.device)
         staging = [None] * self.depth if not pinned else None
@@ -121,12 +123,16 @@ class CudaLoader:
         try:
             while True:
                 while len(inflight) < self.depth:
+                    start = perf_counter_ns()
                     self._release(epoch, unreleased)
+                    stats.add_transfer(perf_counter_ns() - start)
                     try:
                         message = epoch.next_message()
                     except StopIteration:
                         break
+                    start = perf_counter_ns()
                     inflight.append(self._copy(epoch, message, side, staging, issued % self.depth))
+                    stats.add_transfer(perf_counter_ns() - start)
                     issued += 1
                     if staging is not None:
                         epoch.release(message)
@@ -134,13 +140,18 @@ class CudaLoader:
                         unreleased.append(inflight[-1][:2])
                 if not inflight:
                     return
+                start = perf_counter_ns()
                 message, event, batch = inflight.popleft()
                 current = torch.cuda.current_stream(self.device)
                 current.wait_event(event)
                 for tensor in _tensors(batch):
                     tensor.record_stream(current)
                 epoch.hand(message)
-                yield self._finish(batch)
+                batch = self._finish(batch)
+                stats.add_transfer(perf_counter_ns() - start)
+                stats.handed()
+                yield batch
+                stats.returned()
         finally:
             for message, event in unreleased:
                 event.synchronize()

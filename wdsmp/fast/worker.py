@@ -19,30 +19,34 @@ NOTE [full batches]
 """
 
 import io
-import os
 import random
 import signal
-import threading
 import warnings
 from dataclasses import dataclass
 from itertools import islice
 from queue import Empty
+from time import perf_counter_ns
 from typing import Callable, Optional, Tuple, Union
 
 import numpy as np
 
 from ..errors import SampleError, WdsmpError
+from ..liveness import exit_with_parent
 from ..ranges import buffer_shuffled, read_ranges
 from ..utils import make_seed
 from .imagedecode import decode_with_options
-from .messages import BatchReady, Stop, WorkerDone, WorkerFailed, WorkerWarning
+from .messages import BatchReady, Reading, Stop, WorkerDone, WorkerFailed, WorkerWarning
 from .options import DecodeOptions
 from .ring import Ring
+from .stats import WorkerClock
+from .values import fitted, integer_from_text, numbers_from_text
 
 __all__ = ["DecodeOptions", "WorkerConfig", "worker_main"]
 
 IMAGES, LABELS, KEYS = "images", "labels", "__key__"
+_LABEL = np.dtype(np.int64)
 _POLL = 0.2  # seconds between checks of the stop event while waiting
+_END = object()  # the end of a stream's samples (None is a value a stage may yield, wrongly)
 
 
 @dataclass(frozen=True)
@@ -53,9 +57,12 @@ class WorkerConfig:
     function ``sample -> int``, or None. ``fields``: ``(name, source)`` pairs
     of extra fixed-shape fields, the shapes and dtypes in ``layout``; a source
     is an extension (``.npy`` bytes or text numbers) or a function
-    ``sample -> array``. ``stages``: iterator -> iterator functions run on the
-    sample dicts before the native step, as in ``DataPipeline``. ``cache_dir``:
-    shards are read through the shard cache there.
+    ``sample -> array``. Labels and fields are written only when their dtype
+    holds them unchanged (``values.py``). ``stages``: iterator -> iterator
+    functions run on the sample dicts before the native step, as in
+    ``DataPipeline``. ``cache_dir``: shards are read through the shard cache
+    there. ``counts``: the sample count of each shard (by number) the plan was
+    made from, checked as the shards are read (NOTE [stale counts] in ``ranges.py``).
     """
 
     ring: str
@@ -69,6 +76,7 @@ class WorkerConfig:
     decode: DecodeOptions
     shuffle_buffer: int
     cache_dir: Optional[str] = None
+    counts: Tuple[Optional[int], ...] = ()
 
 
 class _Stopped(Exception):
@@ -80,13 +88,13 @@ def worker_main(worker, config, tasks, free, ready, stop):
     slots taken from ``free``, announce them on ``ready``; until ``Stop``, the ``stop`` event,
     or the loader's death."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
-    threading.Thread(target=_watch_parent, daemon=True, name="wdsmp-parent-watch").start()
+    exit_with_parent()
 
     def forward(message, category, *_):
         ready.put(WorkerWarning.from_warning(worker, message, category))
 
     warnings.showwarning = forward  # warnings go to the main process, where the user sees them
-    where = _Where()
+    where, clock = _Where(), WorkerClock()
     try:
         ring = Ring.attach(config.ring, config.layout)
     except BaseException as exn:
@@ -97,13 +105,18 @@ def worker_main(worker, config, tasks, free, ready, stop):
             plans = _wait(tasks, stop)
             if isinstance(plans, Stop):
                 return
-            _run_streams([_Stream(worker, config, plan, ring, free, ready, stop, where) for plan in plans], ready)
+            clock.restart()  # the time spent waiting for this epoch is nobody's
+            _run_streams([_Stream(worker, config, plan, ring, free, ready, stop, where, clock) for plan in plans],
+                         ready)
     except _Stopped:
         return
     except BaseException as exn:
         # The error's own place first: with a shuffle buffer the last sample read is another one.
+        # The member read last only where it is in the error's shard (not a shard that failed to open).
         shard = getattr(exn, "url", None) or where.url
-        member = getattr(exn, "member", None) or where.member
+        member = getattr(exn, "member", None)
+        if member is None and shard == where.url:
+            member = where.member
         ready.put(WorkerFailed.from_exception(worker, exn, shard, member))
     finally:
         ring.close()
@@ -122,19 +135,6 @@ def _run_streams(streams, ready):
         except StopIteration as done:
             ready.put(done.value)
             runs.remove((stream, run))
-
-
-def _watch_parent():
-    """Exit when the loader's process is gone, wherever the worker is blocked: the parent's
-    sentinel (a pipe only the parent holds open, under spawn and forkserver alike) becomes
-    readable when it dies."""
-    import multiprocessing
-    from multiprocessing.connection import wait
-
-    parent = multiprocessing.parent_process()
-    if parent is not None:
-        wait([parent.sentinel])
-        os._exit(3)
 
 
 def _wait(queue, stop):
@@ -166,9 +166,10 @@ def _located(exn, sample):
 class _Stream:
     """One stream of an epoch, run by one worker (NOTE [full batches])."""
 
-    def __init__(self, worker, config, plan, ring, free, ready, stop, where):
+    def __init__(self, worker, config, plan, ring, free, ready, stop, where, clock):
         self.worker, self.config, self.plan = worker, config, plan
         self.ring, self.free, self.ready, self.stop, self.where = ring, free, ready, stop, where
+        self.clock = clock  # the worker's: where its time went since its last batch (NOTE [stage times])
         self.batch_size = config.layout.batch_size
         self.specs = {spec.name: spec for spec in config.layout.fields}
         self.augment = random.Random(make_seed(plan.seed, "augment"))
@@ -204,20 +205,37 @@ class _Stream:
         return islice(samples, drop, None)
 
     def _read(self, ranges):
-        for sample in read_ranges(ranges, self._handle, self.config.cache_dir):
+        clock = self.clock
+        counts = self.config.counts or None
+        samples = read_ranges(self._entered(ranges), self._handle, self.config.cache_dir, clock.reads, counts)
+        while True:
+            start = perf_counter_ns()
+            sample = next(samples, None)
+            clock.read_ns += perf_counter_ns() - start
+            if sample is None:
+                return
             self.where.url, self.where.member = sample.get("__url__"), sample.get("__key__")
             yield sample
+
+    def _entered(self, ranges):
+        """``ranges``, noting each shard in ``where`` as its reading starts (no member read yet) and
+        announcing it to the loader before it is opened (``Reading``)."""
+        for shard in ranges:
+            self.where.url, self.where.member = shard.url, None
+            self.ready.put(Reading(self.worker, shard.url))
+            yield shard
 
     def run(self):
         """Fill and announce this stream's batches, pausing after each (``self.index`` is the next
         one's number); its value at the end is the ``WorkerDone`` to send."""
-        plan, size = self.plan, self.batch_size
+        plan, size, clock = self.plan, self.batch_size, self.clock
         slot, rows = None, 0
         source = self._source()
         while plan.num_batches is None or self.index < plan.num_batches:
             try:
-                sample = next(source, None)
-                self.taken += sample is not None
+                start = perf_counter_ns()
+                sample = next(source, _END)
+                clock.source_ns += perf_counter_ns() - start
             except Exception as exn:
                 # Stages are generators: one that raised has ended, and the rest of this stream with it.
                 if self._handle(exn):
@@ -225,16 +243,21 @@ class _Stream:
                                   f"{plan.stream} of epoch {plan.epoch} in worker {self.worker} is lost (after {self.samples} "
                                   f"samples): a stage must handle its own errors to skip single samples")
                 break
-            if sample is None:
+            if sample is _END:
                 break
+            self.taken += 1
             if slot is None:
                 slot, arrays = self._take_slot()
             try:
+                start = perf_counter_ns()
+                self._check_sample(sample)
                 self._fill(arrays, rows, sample)
             except Exception as exn:
                 if self._handle(_located(exn, sample)):
                     continue
                 break
+            finally:
+                clock.fill_ns += perf_counter_ns() - start
             self.samples += 1
             rows += 1
             if rows == size:
@@ -257,15 +280,28 @@ class _Stream:
                 yield
         return WorkerDone(self.worker, plan.epoch, self.index, self.samples, self.skipped, self.padded, plan.stream)
 
+    def _check_sample(self, sample):
+        """A SampleError unless ``sample`` is a sample dict: a stage that yields None (or anything
+        else) neither ends the stream nor passes unnoticed."""
+        if not isinstance(sample, dict):
+            stages = self.config.stages
+            name = (getattr(stages[-1], "__name__", None) or repr(stages[-1])) if stages else "the reader"
+            raise SampleError(f"the stages (the last: {name}) yielded {repr(sample)[:60]}, not a sample dict, "
+                              f"after the sample named here was read; a stage drops a sample by not yielding it",
+                              self.where.url, self.where.member)
+
     def _take_slot(self):
+        start = perf_counter_ns()
         slot = _wait(self.free, self.stop)
+        self.clock.slot_ns += perf_counter_ns() - start
         return slot, self.ring.views(slot)
 
     def _publish(self, slot, arrays, count):
         """Announce the slot as batch ``self.index`` and count it; None (no slot in hand)."""
         if count == self.batch_size:  # what _pad repeats once no row of the next slot is filled
             self.last_good = {name: array[-1].copy() for name, array in arrays.items()}
-        self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, self.index, count, self.taken, self.plan.stream))
+        self.ready.put(BatchReady(slot, self.worker, self.plan.epoch, self.index, count, self.taken, self.plan.stream,
+                                  self.clock.batch_times()))
         self.index += 1
 
     def _pad(self, arrays, rows):
@@ -292,16 +328,20 @@ class _Stream:
         if ext is None:
             raise SampleError(f"no image field (one of {', '.join(config.image_keys)}) in the sample; "
                               f"it has {_fields(sample)}", url, key)
-        decode_with_options(sample[ext], arrays[IMAGES][row], config.decode, self.augment, url=url,
-                            member=f"{key}.{ext}")
+        info = decode_with_options(sample[ext], arrays[IMAGES][row], config.decode, self.augment, url=url,
+                                   member=f"{key}.{ext}", clock=self.clock)
+        self.clock.count_image(info)
         if config.label is not None:
             arrays[LABELS][row] = _label(sample, config.label, url, key)
         for name, source in config.fields:
             spec = self.specs[name]
             value = source(sample) if callable(source) else _field_value(sample, source, spec, url, key)
-            value = np.asarray(value)
-            if value.shape != spec.shape:
-                raise SampleError(f"field {name!r} has shape {value.shape}, the layout declares {spec.shape}",
+            try:
+                value = fitted(value, spec.dtype)
+            except ValueError as exn:
+                raise SampleError(f"field {name!r}: {exn}", url, key) from exn
+            if np.shape(value) != spec.shape:
+                raise SampleError(f"field {name!r} has shape {np.shape(value)}, the layout declares {spec.shape}",
                                   url, key)
             arrays[name][row] = value
         if config.keys:
@@ -317,21 +357,28 @@ def _fields(sample):
 
 
 def _label(sample, source, url, key):
+    """The sample's label: an integer that int64 holds, from the label function or field (its text
+    read strictly: ``values.integer_from_text``); SampleError otherwise, never a cast."""
     if callable(source):
-        return source(sample)
-    if source not in sample:
+        value, what = source(sample), f"label function {getattr(source, '__name__', source)!r}:"
+    elif source not in sample:
         raise SampleError(f"no label field {source!r} in the sample; it has {_fields(sample)}", url, key)
-    value = sample[source]
-    if isinstance(value, (bytes, bytearray, memoryview)):
-        try:
-            return int(bytes(value).decode().strip())
-        except ValueError as exn:
-            raise SampleError(f"label field {source!r} is {bytes(value)[:40]!r}, not an integer", url, key) from exn
-    return value
+    else:
+        value, what = sample[source], f"label field {source!r}:"
+    try:
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            value = integer_from_text(value)
+        label = fitted(value, _LABEL)
+    except ValueError as exn:
+        raise SampleError(f"{what} {exn}", url, key) from exn
+    if type(label) is not int and np.ndim(label):
+        raise SampleError(f"{what} an array of shape {np.shape(label)}, not one integer", url, key)
+    return label
 
 
 def _field_value(sample, ext, spec, url, key):
-    """The array of extension ``ext``: ``.npy`` bytes, or text numbers (``"1 2 3"``)."""
+    """The array of extension ``ext``: ``.npy`` bytes, or text numbers (``"1 2 3"``; words for a
+    bytes dtype)."""
     if ext not in sample:
         raise SampleError(f"no field {ext!r} in the sample; it has {_fields(sample)}", url, key)
     value = sample[ext]
@@ -341,6 +388,8 @@ def _field_value(sample, ext, spec, url, key):
     if data.startswith(b"\x93NUMPY"):
         return np.load(io.BytesIO(data), allow_pickle=False)
     try:
-        return np.array(data.decode().split(), dtype=spec.dtype).reshape(spec.shape)
+        words = np.array(data.split()) if np.dtype(spec.dtype).kind == "S" else numbers_from_text(data)
+        return words.reshape(spec.shape)
     except ValueError as exn:
-        raise SampleError(f"field {ext!r} is neither .npy data nor numbers of shape {spec.shape}", url, key) from exn
+        raise SampleError(f"field {ext!r} is neither .npy data nor numbers of shape {spec.shape} ({exn})",
+                          url, key) from exn

@@ -1,0 +1,69 @@
+"""The loader benchmark as a picture: images/s over time for each contender, and each one's
+worker time per image, stacked by stage (``benchmark.Result.series`` and ``.stages``).
+
+matplotlib is an optional extra (``pip install 'wdsmp[plot]'``); :func:`draw` says so when
+it is missing, and the benchmark goes on without the picture.
+"""
+
+import bisect
+
+__all__ = ["draw", "rates"]
+
+_WINDOW_S = 3.0  # the rate at a batch counts the images that came in the seconds before it
+
+
+def rates(series, window=_WINDOW_S):
+    """``(times, images/s)``: at 0 s and at each batch of ``series`` (``[(seconds since the loader
+    was made, images so far)]``), the images that came in the last ``window`` seconds, over
+    ``window`` (over the time since 0 s, before ``window`` seconds have passed)."""
+    times, values = [0.0], [0.0]
+    arrivals = [t for t, _ in series]
+    for now, images in series:
+        start = max(now - window, 0.0)
+        before = bisect.bisect_right(arrivals, start)  # batches that came by ``start``
+        earlier = series[before - 1][1] if before else 0
+        times.append(now)
+        values.append((images - earlier) / (now - start) if now > start else 0.0)
+    return times, values
+
+
+def draw(results, path, title):
+    """Write the picture of ``results`` (``{contender: Result}``, the best rounds) to ``path``;
+    ImportError (with what to install) when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exn:
+        raise ImportError("the picture needs matplotlib: pip install 'wdsmp[plot]'") from exn
+    figure, (over_time, by_stage) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    measured = {name: result for name, result in results.items() if result.images_per_s is not None}
+    for (name, result), colour in zip(measured.items(), colours):
+        if result.series:
+            times, values = rates(result.series)
+            over_time.plot(times, values, label=f"{name} ({result.images_per_s:,.0f}/s)", color=colour)
+        else:
+            over_time.axhline(result.images_per_s, linestyle="--", label=f"{name} ({result.images_per_s:,.0f}/s)",
+                              color=colour)
+    over_time.set_xlabel("seconds since the loader was made")
+    over_time.set_ylabel("images/s")
+    over_time.set_ylim(bottom=0)
+    over_time.set_title("images/s over time (best round)")
+    over_time.legend(fontsize="small", loc="lower right")
+    names = [name for name, result in measured.items() if result.stages]
+    stages = list(dict.fromkeys(stage for name in names for stage in results[name].stages))
+    left = [0.0] * len(names)
+    for stage, colour in zip(stages, colours[len(results):] + colours):
+        widths = [results[name].stages.get(stage, 0.0) for name in names]
+        by_stage.barh(names, widths, left=left, label=stage, color=colour)
+        left = [a + b for a, b in zip(left, widths)]
+    by_stage.invert_yaxis()
+    by_stage.set_xlabel("worker milliseconds per image (wall clock)")
+    by_stage.set_title("where the workers' time goes")
+    by_stage.legend(fontsize="small", loc="lower right")
+    figure.suptitle(title, fontsize="medium")
+    figure.tight_layout()
+    figure.savefig(path, dpi=80)
+    plt.close(figure)

@@ -1,0 +1,217 @@
+"""Every shard's sample count without an index written by hand: what makes epochs exact.
+
+FastLoader and ``ExactSamples`` call ``known_counts`` on their ``urls``:
+
+- counts given (``(url, count)`` pairs, a shard index) are taken as they are;
+- a local shard counts itself: its tar headers are walked with the data
+  skipped by offset (``native.tar_headers_class``: a few small reads per
+  sample, whatever the shard's size), several shards at once, and the member
+  names grouped by the reader's own rules (``tariterators.sample_count``). A
+  gzip-compressed shard has no headers to jump between: it is decompressed
+  whole, which costs what reading it costs. Counts are kept in a small cache
+  file per directory of shards (``CountCache``), so a restart does not walk
+  them again;
+- a remote shard (``http(s)://``, ``s3://``, ...) takes its count from the
+  shard index beside it (``shardindex.INDEX_NAME`` in its directory), when
+  there is one.
+
+A local shard that does not exist is an error at once, naming the file. Where
+counts stay unknown and the caller needs them (``required_by``), the error
+gives the ``wdsmp index`` command that writes the index.
+"""
+
+import hashlib
+import json
+import os
+import shlex
+import uuid
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+from . import _env
+from ._atomic import atomic_write
+from .errors import ShardError
+from .gopen import local_path
+from .handlers import reraise_exception
+from .native import tar_headers_class
+from .shardindex import INDEX_NAME, index_beside, read_index, shard_counts
+from .tarformat import GZIP_MAGIC
+from .tariterators import SHARD_END, ShardFailed, sample_count, tar_file_iterator
+
+__all__ = ["CountCache", "count_local_shard", "count_local_shards", "known_counts"]
+
+_THREADS = 8  # shards counted at once: the walk waits on reads, not on the CPU
+
+
+def count_local_shard(path, url=None, handler=reraise_exception):
+    """The number of samples the reader makes of the local shard file ``path`` (named ``url``
+    in errors). A damaged shard raises its ``TarFormatError`` unless ``handler`` goes on: then
+    the samples before the damage count, as the reader yields them."""
+    url = path if url is None else url
+    names = []
+    with open(path, "rb", buffering=0) as file:
+        try:
+            if os.pread(file.fileno(), 2, 0) == GZIP_MAGIC:  # decompressed whole: no offsets to jump to
+                names.extend(member["fname"] for member in tar_file_iterator(file, url=url))
+            else:
+                if hasattr(os, "posix_fadvise"):  # no readahead: a header read fetches its page, not the data
+                    os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
+                names.extend(name for name, _, _ in tar_headers_class()(file, url))
+        except Exception as exn:
+            handler(exn)
+            return sample_count(names, ShardFailed(getattr(exn, "member", None)))
+    return sample_count(names, SHARD_END)
+
+
+class CountCache:
+    """Sample counts of local shards kept on disk under ``root``: one small JSON file per
+    directory of shards, each count filed under the shard's name with its size and mtime, so
+    a shard rewritten since is counted again.
+
+    The files are dot files (``.shardcounts-<hash of the directory>.json``), which the shard
+    cache, when it shares ``root``, neither evicts nor counts. Written atomically (temp beside,
+    rename), merged with what is there: processes writing at once (the ranks of a node) lose
+    at most each other's new entries, never a count's correctness.
+    """
+
+    def __init__(self, root):
+        self.root = root
+
+    def _file(self, directory):
+        digest = hashlib.sha256(os.fsencode(directory)).hexdigest()[:24]
+        return os.path.join(self.root, f".shardcounts-{digest}.json")
+
+    def _read(self, directory):
+        try:
+            with open(self._file(directory)) as stream:
+                entries = json.load(stream)
+        except (OSError, ValueError):
+            return {}  # none yet, or unreadable: counted again
+        if not isinstance(entries, dict) or entries.get("directory") != directory:
+            return {}
+        shards = entries.get("shards")
+        return shards if isinstance(shards, dict) else {}
+
+    def lookup(self, paths):
+        """``{path: count}`` for those of ``paths`` (real paths, with their ``os.stat_result``
+        as values) whose count is kept and still fits their size and mtime."""
+        found = {}
+        for directory, group in _by_directory(paths).items():
+            kept = self._read(directory)
+            for path, info in group.items():
+                entry = kept.get(os.path.basename(path))
+                if isinstance(entry, list) and entry[:2] == [info.st_size, info.st_mtime_ns]:
+                    found[path] = entry[2]
+        return found
+
+    def store(self, counts):
+        """Keep ``{path: (os.stat_result, count)}``; a cache that cannot be written is warned
+        about and does without (the shards are then counted again next time)."""
+        for directory, group in _by_directory(counts).items():
+            path = self._file(directory)
+            shards = self._read(directory)
+            shards.update({os.path.basename(p): [info.st_size, info.st_mtime_ns, n] for p, (info, n) in group.items()})
+            text = json.dumps({"directory": directory, "shards": shards}, separators=(",", ":"))
+            try:
+                os.makedirs(self.root, exist_ok=True)
+                with atomic_write(path, f"{path}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}") as temp:
+                    with open(temp, "w") as stream:
+                        stream.write(text)
+            except OSError as exn:
+                warnings.warn(f"cannot keep the sample counts of the shards in {directory} in {path} ({exn}); "
+                              f"they will be counted again", RuntimeWarning, stacklevel=3)
+
+
+def _by_directory(items):
+    groups = {}
+    for path, value in items.items():
+        groups.setdefault(os.path.dirname(path), {})[path] = value
+    return groups
+
+
+def count_local_shards(paths, cache_dir=None, handler=reraise_exception):
+    """``{path: count}`` for the local shard files ``paths``: from the count cache (under
+    ``cache_dir`` when given, else the user's cache directory, ``_env.user_cache_dir``) where
+    it knows them, else counted, several at once, and kept there (``handler``: see
+    ``count_local_shard``; a damaged shard's count is not kept). Errors name the path given."""
+    given, stats = {}, {}  # by real path: a name for errors, and what the cache is keyed on
+    for path in paths:
+        real = os.path.realpath(path)
+        given.setdefault(real, path)
+        try:
+            stats[real] = os.stat(real)
+        except OSError as exn:
+            raise ShardError(f"cannot read the shard file: {exn.strerror or exn}", url=path) from exn
+    cache = CountCache(cache_dir if cache_dir is not None else _env.user_cache_dir())
+    counts = cache.lookup(stats)
+    todo = [real for real in stats if real not in counts]
+    if todo:
+        def count(real):
+            damaged = []
+
+            def keep_going(exn):  # the damaged shard's count is not kept
+                damaged.append(handler(exn))
+                return damaged[-1]
+
+            return count_local_shard(real, given[real], keep_going), bool(damaged)
+
+        with ThreadPoolExecutor(min(_THREADS, len(todo)), thread_name_prefix="wdsmp-count") as pool:
+            results = dict(zip(todo, pool.map(count, todo)))
+        counts.update((real, n) for real, (n, _) in results.items())
+        cache.store({real: (stats[real], n) for real, (n, damaged) in results.items() if not damaged})
+    return {path: counts[os.path.realpath(path)] for path in paths}
+
+
+def _index_counts(urls):
+    """``({url: count}, {index URL: why it is not usable})`` from the shard indexes beside the
+    remote ``urls``."""
+    counts, missing = {}, {}
+    for index in dict.fromkeys(index_beside(url) for url in urls):
+        if index is None:
+            continue
+        try:
+            counts.update(read_index(index))
+        except OSError as exn:  # not there, or not reachable: the counts stay unknown
+            missing[index] = str(exn)
+    return counts, missing
+
+
+def known_counts(urls, index=None, *, cache_dir=None, handler=reraise_exception, required_by=None,
+                 otherwise=None):
+    """``((url, count or None), ...)`` for a loader's ``urls`` (a shard spec, URLs or ``(url,
+    count)`` pairs, or a shard index) and ``index`` (see ``shardindex.shard_counts``), with the
+    counts the data can give (module docstring). ShardError for a local shard that does not
+    exist. ``required_by`` (what needs every count, e.g. "FastLoader on 2 ranks"): ValueError,
+    with the command that writes an index (and ``otherwise``, another way out), when some
+    count stays unknown."""
+    table = list(shard_counts(urls, index))
+    local = {url: local_path(url) for url, _ in table if local_path(url) is not None}
+    absent = [url for url, path in local.items() if not os.path.isfile(path)]
+    if absent:
+        path = local[absent[0]]
+        more = f" (and {len(absent) - 1} more of the shards)" if len(absent) > 1 else ""
+        raise ShardError(("no such file" if path == absent[0] else f"no such file {path!r}") + more, url=absent[0])
+    unknown = [url for url, count in table if count is None and url in local]
+    counted = count_local_shards([local[url] for url in unknown], cache_dir, handler) if unknown else {}
+    remote = [url for url, count in table if count is None and url not in local]
+    found, missing = _index_counts(remote) if remote else ({}, {})
+    table = [(url, count if count is not None else counted.get(local.get(url), found.get(url))) for url, count in table]
+    unknown = [url for url, count in table if count is None]
+    if unknown and required_by is not None:
+        raise ValueError(_needs_index(required_by, otherwise, urls, unknown, missing))
+    return tuple(table)
+
+
+def _needs_index(who, otherwise, urls, unknown, missing):
+    """The error text for shards without counts: where wdsmp looked, and the command to run."""
+    beside = sorted({index_beside(url) for url in unknown} - {None})
+    looked = "; ".join(f"{index}: {missing.get(index, 'it does not list them')}" for index in beside[:3])
+    spec = urls if isinstance(urls, str) else " ".join(unknown[:3]) + (" ..." if len(unknown) > 3 else "")
+    shards = "1 shard has" if len(unknown) == 1 else f"{len(unknown)} shards have"
+    place = f" as {beside[0]}" if len(beside) == 1 else ""
+    return (f"{who} needs the sample count of every shard for exact epochs (every sample once, the same "
+            f"number of batches on every rank), and {shards} none, e.g. {unknown[0]!r}"
+            + (f"; no shard index beside them ({looked})" if looked else "")
+            + f". Write one with\n\n    wdsmp index -o {INDEX_NAME} {shlex.quote(spec)}\n\n"
+            + f"and put {INDEX_NAME} beside the shards{place} (or pass index=...)"
+            + (f", or {otherwise}" if otherwise else ""))
