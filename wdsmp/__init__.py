@@ -10,7 +10,7 @@ worker processes import only the modules they run, so they start without
 torch (NOTE [light workers] in ``wdsmp/fast/pool.py``).
 """
 
-import importlib
+from importlib import import_module as _import_module
 
 # ``wdsmp.gopen`` is a function and a submodule of that name: imported here, the function is what
 # the package holds, as the import system sets the module as the package's attribute only at its
@@ -171,18 +171,20 @@ __all__ = [
 ]
 
 _ORIGIN = {name: module for module, names in _PUBLIC.items() for name in names}
+# The submodules ``dir(wdsmp)`` lists before they are imported, as an eager package would.
+_SUBMODULES = {module.partition(".")[0] for module in _PUBLIC}
 
 
 def __getattr__(name):
     """A public name (or a submodule) of wdsmp, imported on first use and kept."""
     module = _ORIGIN.get(name)
     if module is not None:
-        value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+        value = getattr(_import_module(f"{__name__}.{module}"), name)
     elif name.startswith("__"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     else:
         try:
-            value = importlib.import_module(f"{__name__}.{name}")
+            value = _import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as exn:
             if exn.name != f"{__name__}.{name}":
                 raise
@@ -192,4 +194,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | _SUBMODULES)
