@@ -19,9 +19,9 @@ and the median of the rounds is reported, with the lowest beside it. The parts:
 - opening the first shard and reading its first sample, the first image's decode (a fresh
   process's first call, and the mean of the following ones), and a whole batch decoded,
   cropped and written into a slot row by row, as one worker makes the first batch alone;
-- end to end, in a script that imports torch and wdsmp as a training script does:
-  construction, first batch after construction, and the first batch of a new epoch of the
-  same loader (workers kept), after a whole epoch.
+- end to end, in a script that imports torch and wdsmp as a training script does
+  (``wdsmp.coldstart``): construction, first batch from construction, and the first batch of
+  a new epoch of the same loader (workers kept), after a whole epoch.
 """
 
 import argparse
@@ -31,6 +31,8 @@ import statistics
 import subprocess
 import sys
 import textwrap
+
+from wdsmp.coldstart import first_batches
 
 # Each probe runs in a fresh interpreter and prints its figures (seconds) as JSON.
 _IMPORTS = {
@@ -94,31 +96,6 @@ _PARTS = textwrap.dedent("""
     print(json.dumps(figures))
 """)
 
-_END_TO_END = textwrap.dedent("""
-    import json, sys, time
-    import torch
-    import wdsmp
-
-    if __name__ == "__main__":
-        index, batch_size, workers, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-        start = time.perf_counter()
-        loader = wdsmp.FastLoader(index, batch_size, num_workers=workers, image_size=size)
-        built = time.perf_counter()
-        batches = iter(loader)
-        next(batches)
-        first = time.perf_counter()
-        for _ in batches:
-            pass
-        end = time.perf_counter()
-        next(iter(loader))
-        again = time.perf_counter()
-        loader.close()
-        print(json.dumps({"end to end: construction": built - start,
-                          "end to end: first batch, from construction": first - start,
-                          "end to end: new epoch, first batch after iter()": again - end}))
-""")
-
-
 def _run(tree, args, timeout=600):
     env = dict(os.environ)
     if tree is not None:
@@ -155,7 +132,8 @@ def measure(tree, scripts, args):
                    if name != "interpreter")
     figures.update(_run(tree, [scripts["fork_server"]]))
     figures.update(_run(tree, [scripts["parts"], *common]))
-    figures.update(_run(tree, [scripts["end_to_end"], *common]))
+    end_to_end = first_batches(args.corpus_index, args.batch_size, args.workers, args.image_size, tree=tree)
+    figures.update((f"end to end: {part}", seconds) for part, seconds in end_to_end.items())
     return figures
 
 
@@ -189,7 +167,7 @@ def main(argv=None):
 
     with tempfile.TemporaryDirectory() as directory:
         scripts = {}
-        for name, text in (("fork_server", _FORK_SERVER), ("parts", _PARTS), ("end_to_end", _END_TO_END)):
+        for name, text in (("fork_server", _FORK_SERVER), ("parts", _PARTS)):
             scripts[name] = os.path.join(directory, f"{name}.py")
             with open(scripts[name], "w") as stream:
                 stream.write(text)
@@ -200,7 +178,7 @@ def main(argv=None):
                 figures = measure(tree, scripts, args)
                 rounds[tree or "this wdsmp"].append(figures)
                 print(f"# round {round_ + 1}/{args.rounds} {tree or 'this wdsmp'}: first batch "
-                      f"{figures['end to end: first batch, from construction']:.2f} s", file=sys.stderr, flush=True)
+                      f"{figures['end to end: first batch']:.2f} s", file=sys.stderr, flush=True)
     print(table(rounds))
 
 
