@@ -90,6 +90,11 @@ extensions = [
         extra_compile_args=["-O3", "-ffp-contract=off"],
     ),
     Extension(
+        "wdsmp._pilimage",
+        ["src/ext/_pilimage.pyx"],
+        extra_compile_args=["-O3"],
+    ),
+    Extension(
         JPEG_REGION,
         ["src/ext/_jpegregion.pyx", "src/ext/jpegregion.c"],
         include_dirs=["src/ext"],

@@ -603,6 +603,17 @@ def test_image_bombs_are_refused_by_the_pixel_budget_under_a_memory_limit(tmp_pa
                          rf"WDSMP_MAX_IMAGE_PIXELS\).*member 'k.{ext}'", out), out
 
 
+@pytest.mark.parametrize("spec", ["pil", "pill", "pilrgba", "l8", "rgb8", "rgba", "torchrgb", "torchl8"])
+def test_every_image_spec_holds_a_jpeg_to_the_pixel_budget(spec):
+    """Each spec's JPEG path (libjpeg-turbo into a Pillow image or an array) checks the budget
+    from the header before decoding, as Pillow's path does."""
+    sample = {"__key__": "k", "jpg": simplejpeg.encode_jpeg(np.zeros((200, 300, 3), np.uint8))}
+    with pytest.raises(ad.DecodingError, match="the JPEG image decodes to 300x200 = 60000 pixels, more than "
+                                               "the budget of 59999"):
+        Decoder([spec], max_image_pixels=59999)(sample)
+    assert Decoder([spec], max_image_pixels=60000)(sample)["jpg"] is not None
+
+
 def test_the_pixel_budget_is_settable(monkeypatch):
     from tests.bombs import png_of_zeros
 

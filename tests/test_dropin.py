@@ -388,3 +388,70 @@ def test_private_stage_generators_for_own_stages():
 
     batches, shuffled = same_with_each(user_code)
     assert batches == [list(range(8)), list(range(8, 16)), list(range(16, 20))] and sorted(shuffled) == list(range(20))
+
+
+# -- a fresh process: the package's submodules and patches right after ``import wdsmp as wds``
+
+_FRESH_SCRIPT = '''
+import sys
+import torch.utils.data
+import wdsmp as wds
+
+# webdataset 1.0.2's submodules, listed by dir() and usable as attributes before anything imports them
+SUBMODULES = ["autodecode", "cache", "compat", "extradatasets", "filters", "handlers", "mix", "pipeline",
+              "shardlists", "tariterators", "tenbin", "utils", "writer"]
+listed = set(dir(wds))
+assert set(SUBMODULES) <= listed, sorted(set(SUBMODULES) - listed)
+assert set(wds.__all__) <= listed
+handler = wds.autodecode.ImageHandler("pil")
+shards = wds.shardlists.SimpleShardList(sys.argv[1:])
+assert callable(wds.tariterators.tar_file_expander) and wds.utils.enforce_security in (True, False)
+assert wds.writer.TarWriter is wds.TarWriter and wds.filters.to_tuple is wds.to_tuple
+assert callable(wds.tenbin.encode_buffer) and callable(wds.gopen)  # the function, not its module
+OPENED = []
+
+
+def counting_file(url, mode="rb", bufsize=8192, **kw):
+    OPENED.append(url)
+    return open(url[len("counted:"):], mode)
+
+
+def shout(text):
+    return text.upper()
+
+
+wds.gopen_schemes["counted"] = counting_file  # at import time: spawned workers run it too
+original_url_opener = wds.tariterators.url_opener
+
+
+def logging_url_opener(data, handler=wds.reraise_exception, **kw):
+    for source in original_url_opener(data, handler=handler, **kw):
+        print("opened", source["url"], file=sys.stderr)
+        yield source
+
+
+wds.tariterators.url_opener = logging_url_opener
+
+if __name__ == "__main__":
+    urls = ["counted:" + url for url in sys.argv[1:]]
+    dataset = wds.WebDataset(urls, shardshuffle=False).decode().to_tuple("txt", "cls").map_tuple(shout, int)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=2, multiprocessing_context="spawn")
+    print(sorted(tuple(sample) for sample in loader))
+'''
+
+
+def test_submodules_and_patches_right_after_import_in_spawned_workers(tmp_path):
+    """``import wdsmp as wds`` in a fresh script: webdataset's submodules are listed and resolve,
+    a scheme added to ``gopen_schemes`` and a patched ``tariterators.url_opener`` hold, and the
+    pipeline's stages pickle into spawned DataLoader workers."""
+    import subprocess
+    import sys
+
+    urls = make_shards(tmp_path, 2, 2)
+    script = tmp_path / "train.py"
+    script.write_text(_FRESH_SCRIPT)
+    result = subprocess.run([sys.executable, str(script), *urls], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == str(sorted((f"TXT {i} {j}", 100 * i + j) for i in range(2) for j in range(2)))
+    assert sorted(line for line in result.stderr.splitlines() if line.startswith("opened")) == [
+        f"opened counted:{url}" for url in urls]

@@ -7,9 +7,9 @@ field, let the next handlers have it" (how ``.gz`` fields are unpacked). A
 :class:`Decoder` runs each field of a sample through its handlers, in order,
 until one takes it; a field none takes stays bytes.
 
-JPEG bytes are decoded with libjpeg-turbo (simplejpeg), everything else, and the
-JPEGs libjpeg-turbo would decode differently from Pillow, with Pillow; either
-way the pixels are Pillow's, to within rounding.
+Images come out as webdataset's do, Pillow's pixels and all; JPEGs are decoded
+by libjpeg-turbo where that gives the same, faster (``_specdecode.py``, NOTE
+[same pixels]).
 
 Where webdataset differs, on purpose:
 
@@ -50,11 +50,11 @@ import zlib
 from collections.abc import Mapping
 
 import numpy as np
-from torch.utils.data import IterableDataset
 
 from . import _env
+from ._specdecode import decode_image
 from .errors import DecodeError
-from .imagesize import check_before_opening, check_budget, check_size, image_pixel_budget, jpeg_size
+from .imagesize import image_pixel_budget
 from .tarformat import member_size_limit
 
 __all__ = [
@@ -298,69 +298,6 @@ imagespecs = {
     "pilrgba": ("pil", None, "rgba"),
 }
 
-_PIL_MODES = {"l": "L", "rgb": "RGB", "rgba": "RGBA"}
-_JPEG_COLORSPACES = {"l": "GRAY", "rgb": "RGB", "rgba": "RGBA"}
-
-
-def _jpeg_pixels(data, mode, budget):
-    """HxW or HxWxC uint8 pixels of a JPEG through libjpeg-turbo; None to leave it to Pillow.
-
-    Pillow takes what simplejpeg refuses (it reads some damaged files and
-    raises its own errors for garbage), and CMYK/YCCK files, which
-    libjpeg-turbo converts to RGB by another formula than Pillow's.
-    """
-    size = jpeg_size(data)
-    if size is None:
-        return None
-    check_budget(*size, budget, "the JPEG image")
-    import simplejpeg
-
-    try:
-        pixels = simplejpeg.decode_jpeg(data, colorspace=_JPEG_COLORSPACES[mode])
-    except ValueError:
-        return None
-    return pixels[:, :, 0] if mode == "l" else pixels
-
-
-def _pil_image(data, mode, budget):
-    import PIL.Image
-
-    check_before_opening(data, budget)
-    with io.BytesIO(data) as stream:
-        image = PIL.Image.open(stream)
-        what = f"the {image.format} image"
-        check_size(image.height, image.width, what)
-        check_budget(image.height, image.width, budget, what)
-        image.load()
-    target = _PIL_MODES[mode]
-    return image if image.mode == target else image.convert(target)
-
-
-def _decode_image(data, atype, etype, mode, budget):
-    """Image bytes as the spec's (array type, element type, mode) says; at most ``budget`` pixels."""
-    pixels = _jpeg_pixels(data, mode, budget)
-    if atype == "pil":
-        if pixels is None:
-            return _pil_image(data, mode, budget)
-        import PIL.Image
-
-        return PIL.Image.fromarray(pixels)
-    if pixels is None:
-        pixels = np.asarray(_pil_image(data, mode, budget))
-    if etype == "float":
-        pixels = pixels.astype(np.float32)
-        np.divide(pixels, 255.0, out=pixels)
-    if atype == "numpy":
-        return pixels
-    import torch
-
-    if pixels.ndim == 3:
-        pixels = np.ascontiguousarray(pixels.transpose(2, 0, 1))  # CHW, as webdataset
-    elif not pixels.flags.writeable:
-        pixels = pixels.copy()  # torch.from_numpy wants memory it may write
-    return torch.from_numpy(pixels)
-
-
 class ImageHandler:
     """Decodes image fields as an image spec says (see :data:`imagespecs`).
 
@@ -387,7 +324,7 @@ class ImageHandler:
     def __call__(self, key, data):
         if key.rpartition(".")[2].lower() not in self.extensions:
             return None
-        return _decode_image(data, *self._spec, image_pixel_budget(self.max_pixels))
+        return decode_image(data, *self._spec, image_pixel_budget(self.max_pixels))
 
     def __repr__(self):
         return f"ImageHandler({self.imagespec!r})"
@@ -532,29 +469,6 @@ def _handler(h, unsafe, max_field_size, max_image_pixels):
     return h
 
 
-class DecodedSamples(IterableDataset):
-    """A dataset's samples, each decoded: what ``Decoder(...)(dataset)`` returns.
-
-    ``samples`` is an iterable (an IterableDataset, a DataLoader, a list) or a
-    callable returning an iterator, as a pipeline's source may be. Only the
-    two travel, so it pickles for DataLoader workers whenever they do.
-    """
-
-    def __init__(self, samples, decoder):
-        super().__init__()
-        self.samples, self.decoder = samples, decoder
-
-    def __iter__(self):
-        samples = self.samples if hasattr(self.samples, "__iter__") else self.samples()
-        for sample in samples:
-            yield self.decoder.decode(sample)
-
-    def set_epoch(self, epoch):
-        """Passed on to the samples' dataset, if it has epochs."""
-        if hasattr(self.samples, "set_epoch"):
-            self.samples.set_epoch(epoch)
-
-
 class Decoder:
     """Decodes each field of a sample with the first handler that takes it.
 
@@ -655,6 +569,8 @@ class Decoder:
         if isinstance(sample, (str, bytes)) or not (hasattr(sample, "__iter__") or callable(sample)):
             raise TypeError(f"a Decoder takes a sample (a dict) or a dataset of samples, "
                             f"not {type(sample).__name__}")
+        from ._decodedsamples import DecodedSamples
+
         return DecodedSamples(sample, self)
 
     def __repr__(self):
@@ -663,3 +579,13 @@ class Decoder:
 
 
 default_decoder = Decoder([])
+
+
+def __getattr__(name):
+    """``DecodedSamples`` (a torch dataset) is imported on first use, so that decoding samples,
+    as FastLoader's workers do in their stages, does not import torch."""
+    if name == "DecodedSamples":
+        from ._decodedsamples import DecodedSamples
+
+        return DecodedSamples
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,10 +7,20 @@ Python ints/floats becomes a numpy array, of torch tensors a stacked tensor,
 of numpy arrays a stacked array, and anything else (strings, bytes, nested
 dicts, None) a list. Unlike webdataset it says which field and which shapes
 when the tensors of a field disagree, and it keeps the fields in order.
+
+In a DataLoader worker, tensors are stacked straight into shared memory, as
+torch's own ``default_collate`` does: a batch then reaches the main process
+without the copy into shared memory the DataLoader otherwise makes (for
+ImageNet-sized float batches, about a third of a millisecond of CPU per
+image; benchmarks/RESULTS.md). The values are the same either way.
+
+torch is imported only for tensors: a value can only be a tensor once torch
+has been imported by whoever made it.
 """
 
+import sys
+
 import numpy as np
-import torch
 
 from ._stages import pipelinefilter
 from .validation import positive_int
@@ -36,16 +46,35 @@ def _check_shapes(values, name):
                              f"{None if other is None else tuple(other)}")
 
 
+def _is_tensor(value):
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _stack(tensors):
+    """``torch.stack(tensors)``; in a DataLoader worker, into shared memory (through
+    ``default_collate``, which does that) for plain CPU tensors of one dtype without grad."""
+    import torch
+    from torch.utils.data import default_collate, get_worker_info
+
+    first = tensors[0]
+    if (get_worker_info() is not None and type(first) is torch.Tensor and first.layout == torch.strided
+            and first.device.type == "cpu"
+            and all(t.dtype == first.dtype and not t.requires_grad and type(t) is torch.Tensor for t in tensors)):
+        return default_collate(tensors)
+    return torch.stack(tensors)
+
+
 def combine_values(b, combine_tensors=True, combine_scalars=True, name=None):
     """One batched value from the values ``b`` of one field; ``name`` is for messages."""
     first = b[0]
     if isinstance(first, (int, float)):  # bool and np.float64 too, as in webdataset
         return np.array(list(b)) if combine_scalars else list(b)
-    if isinstance(first, torch.Tensor):
+    if _is_tensor(first):
         if not combine_tensors:
             return list(b)
         _check_shapes(b, name)
-        return torch.stack(list(b))
+        return _stack(list(b))
     if isinstance(first, np.ndarray):
         if not combine_tensors:
             return list(b)

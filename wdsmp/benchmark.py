@@ -15,6 +15,9 @@ The contenders (``CONTENDERS``), each run with the same worker count:
   batches of (B, 224, 224, 3) uint8 and (B,) int64 tensors.
 - "FastLoader": ``wdsmp.FastLoader(index.json, B, num_workers=N)``, train mode
   (RandomResizedCrop(224) + flip), batches as zero-copy tensors of the same shapes.
+- "FastLoader, fresh process": no rate, the first batch of a new interpreter that has
+  imported torch and wdsmp (from constructing the loader) and the first batch of its second
+  epoch (``wdsmp.coldstart``): what a restarted job or an evaluation script meets.
 - "decode-only ceiling": libjpeg-turbo (simplejpeg) decoding the corpus's JPEGs
   (``.ppm`` members: parsed and copied) to full-size RGB on one core, timed
   call by call, times N workers: what N workers could reach if decoding were
@@ -36,7 +39,8 @@ is reported, its ratio to the DataLoader pipeline's best round beside it.
 Loaders are built afresh each round and iterated epoch after epoch (a new
 ``iter()`` at each end, as a training loop does; epoch ends are timed too, so
 a small corpus weighs them more than ImageNet would); after the first batch
-(its latency, from constructing the loader, reported on its own) and
+(its latency, from constructing the loader, reported on its own; so is the median time
+from each later epoch's ``iter()`` to its first batch, "new epoch") and
 ``--warmup`` seconds, the images delivered in the next ``--seconds`` are
 counted. CPU is the CPU time of this process and its descendants alive at the
 end of the timed window, in cores busy over that window (psutil); peak PSS is
@@ -62,6 +66,7 @@ import math
 import os
 import platform
 import random
+import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -76,11 +81,14 @@ import wdsmp
 
 from . import (DataPipeline, FastLoader, SimpleShardList, batched, decode, map_tuple, native, split_by_worker,
                tarfile_to_samples, to_tuple)
+from .coldstart import first_batches
 
-__all__ = ["BASELINE", "CONTENDERS", "CROP_SIZE", "STAGE_GROUPS", "SWAP_CONTENDERS", "Corpus", "Result", "as_json",
-           "best", "contenders", "header", "machine", "open_corpus", "picture", "region_decoding", "run", "summary"]
+__all__ = ["BASELINE", "CONTENDERS", "CROP_SIZE", "FRESH", "STAGE_GROUPS", "SWAP_CONTENDERS", "Corpus", "Result",
+           "as_json", "best", "contenders", "header", "machine", "open_corpus", "picture", "region_decoding", "run",
+           "summary"]
 
 BASELINE = "DataLoader pipeline"
+FRESH = "FastLoader, fresh process"
 CROP_SIZE = 224
 CEILING_WARMUP_IMAGES = 50
 # The stages of the per-image time, in the picture's order, and what each holds.
@@ -146,6 +154,7 @@ class Result:
 
     images_per_s: float
     first_batch_s: float = None
+    new_epoch_s: float = None  # median seconds from a new iter() to its first batch, over the window's epochs
     cpu_cores: float = None
     peak_pss: int = None
     other_cores: float = None
@@ -257,10 +266,15 @@ def machine_busy_seconds():
     return t.user + t.nice + t.system + t.irq + t.softirq + t.steal
 
 
-def _endless(iterable):
-    """Epoch after epoch: a new ``iter()`` each time one ends."""
+def _endless(iterable, epoch_starts=None):
+    """Epoch after epoch: a new ``iter()`` each time one ends; the seconds from each ``iter()``
+    to its first item appended to ``epoch_starts``."""
     while True:
-        yield from iterable
+        start = time.perf_counter()
+        for seen, item in enumerate(iterable):
+            if seen == 0 and epoch_starts is not None:
+                epoch_starts.append(time.perf_counter() - start)
+            yield item
 
 
 def grouped(milliseconds):
@@ -279,7 +293,8 @@ def measure_loader(make_loader, args, stages=None):
     with ProcessTree() as tree:
         start = time.perf_counter()
         loader = make_loader()
-        batches = _endless(loader)
+        epoch_starts = []
+        batches = _endless(loader, epoch_starts)
         delivered = len(next(batches)[1])
         first_batch = time.perf_counter() - start
         series = [(first_batch, delivered)]
@@ -301,8 +316,9 @@ def measure_loader(make_loader, args, stages=None):
         del batches, loader  # stops the workers before the PSS sampler's last look
     busy = sum(seconds - cpu_before.get(key, 0.0) for key, seconds in cpu_after.items())
     other = machine_after - machine_before - busy
-    return Result(images / window, first_batch, busy / window, tree.peak_pss, other / window, pss_growth, images,
-                  series=series, stages=per_image, note=note and f"FastLoader: {note}")
+    new_epoch = statistics.median(epoch_starts[1:]) if len(epoch_starts) > 1 else None
+    return Result(images / window, first_batch, new_epoch, busy / window, tree.peak_pss, other / window, pss_growth,
+                  images, series=series, stages=per_image, note=note and f"FastLoader: {note}")
 
 
 def make_dataloader(corpus, args):
@@ -410,10 +426,18 @@ def fastloader(corpus, args):
                                              image_size=CROP_SIZE), args, fastloader_stages)
 
 
+def fastloader_fresh_process(corpus, args):
+    """FastLoader's first batches in a fresh interpreter that imports torch and wdsmp first
+    (``wdsmp.coldstart``): no rate, the latencies a restarted job meets."""
+    figures = first_batches(os.path.join(corpus.directory, "index.json"), args.batch_size, args.workers, CROP_SIZE)
+    return Result(None, figures["first batch"], figures["new epoch"])
+
+
 # Name -> function(corpus, args) -> Result, in the order they run; BASELINE first.
 CONTENDERS = {
     BASELINE: dataloader_pipeline,
     "FastLoader": fastloader,
+    FRESH: fastloader_fresh_process,
     "decode-only ceiling": decode_ceiling,
 }
 
@@ -436,19 +460,21 @@ def _cell(value, fmt):
 def table(results, corpus_size):
     """Markdown table of ``{name: Result}``, each rate beside the baseline's."""
     base = results[BASELINE].images_per_s
-    lines = ["| contender | images/s | vs DataLoader | first batch (s) | CPU (cores) | images/CPU-s "
-             "| peak PSS (MB) | PSS growth (MB) over epochs | other load (cores) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| contender | images/s | vs DataLoader | first batch (s) | new epoch (s) | CPU (cores) "
+             "| images/CPU-s | peak PSS (MB) | PSS growth (MB) over epochs | other load (cores) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
         if r.images_per_s is None:
-            lines.append(f"| {name} | - |" + " - |" * 7)
+            lines.append(f"| {name} | - | - | {_cell(r.first_batch_s, '{:.2f}')} | {_cell(r.new_epoch_s, '{:.2f}')} |"
+                         + " - |" * 5)
             continue
         per_cpu = r.images_per_s / r.cpu_cores if r.cpu_cores else None
         pss = r.peak_pss / 2**20 if r.peak_pss is not None else None
         growth = (f"{r.pss_growth / 2**20:+,.0f} over {r.images / corpus_size:.1f}"
                   if r.pss_growth is not None else None)
         lines.append(f"| {name} | {r.images_per_s:,.0f} | {r.images_per_s / base:.2f}x | "
-                     f"{_cell(r.first_batch_s, '{:.2f}')} | {_cell(r.cpu_cores, '{:.2f}')} | "
+                     f"{_cell(r.first_batch_s, '{:.2f}')} | {_cell(r.new_epoch_s, '{:.2f}')} | "
+                     f"{_cell(r.cpu_cores, '{:.2f}')} | "
                      f"{_cell(per_cpu, '{:,.0f}')} | {_cell(pss, '{:,.0f}')} | {_cell(growth, '{}')} | "
                      f"{_cell(r.other_cores, '{:.2f}')} |")
     return "\n".join(lines)
@@ -503,8 +529,9 @@ def run(corpus, args, log=None):
 
 
 def best(rounds):
-    """Each contender's best round."""
-    return {name: max(results, key=lambda r: r.images_per_s or 0.0) for name, results in rounds.items()}
+    """Each contender's best round: the fastest, or for a row without a rate the quickest first batch."""
+    return {name: max(results, key=lambda r: r.images_per_s or -(r.first_batch_s or 0.0))
+            for name, results in rounds.items()}
 
 
 def _swap_note(results):

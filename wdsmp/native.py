@@ -21,12 +21,13 @@ __all__ = [
     "jpeg_region_available",
     "jpeg_region_module",
     "native_available",
+    "pil_image_module",
     "tar_headers_class",
     "tar_splitter_class",
 ]
 
 # The compiled modules of the native core; each has a pure-Python twin.
-_EXTENSIONS = ("_tarsplit", "_imgops")
+_EXTENSIONS = ("_tarsplit", "_imgops", "_pilimage")
 
 _NOT_BUILT = {
     # name -> what a missing build means, for the warning
@@ -87,6 +88,18 @@ def imgops_module():
     from . import _imgops_py
 
     return _imgops_py
+
+
+def pil_image_module():
+    """The module in use now that makes Pillow images of decoded pixels (``pil_image``): native,
+    over the pixels' own memory, or the twin, which copies them."""
+    if not _env.pure_python():
+        compiled = _compiled("_pilimage")
+        if compiled is not None:
+            return compiled
+    from . import _pilimage_py
+
+    return _pilimage_py
 
 
 def jpeg_region_module():

@@ -24,7 +24,7 @@ from .errors import SampleError, TarFormatError
 from ._stages import handle_each, pipelinefilter
 from .handlers import reraise_exception
 from .native import tar_splitter_class
-from .shardlists import expand_urls
+from ._shardurls import expand_urls
 
 __all__ = [
     "SHARD_END",

@@ -33,7 +33,7 @@ def _tiny_corpus(directory, shards=2, per_shard=16):
                 command="test_bench.py")
 
 
-def test_bench_prints_the_three_contenders_and_draws_them(tmp_path, capsys):
+def test_bench_prints_the_contenders_and_draws_them(tmp_path, capsys):
     _tiny_corpus(tmp_path)
     picture = tmp_path / "bench.png"
     argv = ["bench", "--corpus", str(tmp_path), "--workers", "1", "--batch-size", "8", "--seconds", "0.3",
@@ -43,8 +43,15 @@ def test_bench_prints_the_three_contenders_and_draws_them(tmp_path, capsys):
     assert out.startswith(f"# {shlex.join(['wdsmp', *argv])}\n# corpus: 32 images")  # the command main was given
     region = "on" if wdsmp.native.jpeg_region_available() else "off"
     assert f"\n# region decoding: {region} (" in out
-    rows = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("| ")]
-    assert rows == ["| contender", "| DataLoader pipeline", "| FastLoader", "| decode-only ceiling"]
+    rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in out.splitlines() if line.startswith("| ")}
+    assert list(rows) == ["contender", "DataLoader pipeline", "FastLoader", "FastLoader, fresh process",
+                          "decode-only ceiling"]
+    assert rows["contender"][2:4] == ["first batch (s)", "new epoch (s)"]
+    for name in ("DataLoader pipeline", "FastLoader"):  # a new epoch only where the window held a second one
+        assert float(rows[name][2]) > 0 and (rows[name][3] == "-" or float(rows[name][3]) >= 0), rows[name]
+    fresh = rows["FastLoader, fresh process"]  # no rate: a new interpreter's first batches
+    assert fresh[:2] == ["-", "-"] and float(fresh[2]) > 0 and float(fresh[3]) >= 0, fresh  # 0.00: a prefetched batch
+    assert {len(cells) for cells in rows.values()} == {len(rows["contender"])}  # every row fills the columns
     assert "\n- FastLoader: " in out and "-bound" in out.split("\n- FastLoader: ")[1].split("\n")[0]
     assert "round 1/1: FastLoader" in err and f"# picture: {picture}" in err
     assert picture.read_bytes().startswith(b"\x89PNG")
@@ -87,7 +94,7 @@ def test_swap_import_adds_the_user_pipeline_with_each_library(tmp_path, capsys, 
     monkeypatch.setitem(sys.modules, "webdataset", None)  # as if not installed
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "webdataset is not installed" in out and "| WebDataset pipeline, import webdataset | - |" in out
+    assert "webdataset is not installed" in out and "| WebDataset pipeline, import webdataset |" + " - |" * 9 in out
 
 
 def test_a_directory_that_is_not_a_corpus_is_a_usage_error(tmp_path, capsys):

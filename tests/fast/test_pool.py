@@ -30,10 +30,17 @@ def test_forkserver_preloads_are_where_cpython_keeps_them(preloads_restored):
     assert isinstance(getattr(server, "_preload_modules", None), list), \
         "CPython no longer keeps the fork server's preloads in _forkserver._preload_modules"
     multiprocessing.get_context("forkserver").set_forkserver_preload(["__main__", "json"])
-    pool.context("forkserver")
-    assert server._preload_modules == ["__main__", "json", "wdsmp.fast.worker"]  # the user's kept
-    pool.context("forkserver")
-    assert server._preload_modules.count("wdsmp.fast.worker") == 1
+    assert pool._forkserver_preloads() == ["__main__", "json"]
+
+
+def test_preloads_drop_the_main_script_only_where_cpython_put_it_and_no_worker_needs_it():
+    """NOTE [light workers]: the default ["__main__"] would import the user's script, and torch
+    with it, into the fork server."""
+    assert pool.preloads(["__main__"], main=False) == ["wdsmp.fast.worker"]
+    assert pool.preloads(["__main__"], main=True) == ["__main__", "wdsmp.fast.worker"]
+    assert pool.preloads(["__main__", "json"], main=False) == ["__main__", "json", "wdsmp.fast.worker"]
+    assert pool.preloads(["json", "wdsmp.fast.worker"], main=True) == ["json", "wdsmp.fast.worker"]
+    assert pool.preloads([], main=False) == ["wdsmp.fast.worker"]
 
 
 def test_semaphore_prefix_is_where_cpython_reads_it():

@@ -4,8 +4,17 @@
 ``worker.py``, ``pool.py``, ``imagedecode.py`` and ``transfer.py`` are its parts, one idea
 each. The epoch plan it follows (``wdsmp/epochplan.py``) and the range reader
 (``wdsmp/ranges.py``) serve the reference path's ``ExactSamples`` too, so they live below both.
+
+``Batch`` and ``FastLoader`` are imported on first use: the worker processes import
+``wdsmp.fast.worker`` and not the front end (NOTE [light workers] in ``pool.py``).
 """
 
-from .loader import Batch, FastLoader
-
 __all__ = ["Batch", "FastLoader"]
+
+
+def __getattr__(name):
+    if name in __all__:
+        from . import loader
+
+        return getattr(loader, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

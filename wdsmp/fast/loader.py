@@ -117,8 +117,8 @@ class FastLoader:
     sample dicts in the workers before decoding, the escape hatch for arbitrary Python.
     Functions must pickle: define them at module level (workers are started by a fork
     server, as with DataLoader under ``spawn``). The first loader of a process starts the
-    fork server, which imports torch once (about a second, overlapping the caller's work
-    from construction on); ``start_method="fork"`` starts workers faster from a process
+    fork server, which imports the worker's modules once, not torch (NOTE [light workers]
+    in ``pool.py``); ``start_method="fork"`` starts workers without it, from a process
     without threads or locks that matter.
 
     Order: ``seed`` and the epoch fix the shard order (``shuffle``), each worker's
@@ -197,13 +197,15 @@ class FastLoader:
         self.plan(0)  # bad plan arguments (rank, policy, too few samples) fail here too
         cleanup_stale(DEFAULT_PREFIX)
         _pool.sweep_semaphores()
+        # The fork server imports the workers' modules meanwhile (NOTE [light workers] in pool.py).
+        _pool.start_server(mp_context, main=_pool.refers_to_main((options.label, extra, options.stages,
+                                                                   options.handler)))
         self._ring = Ring.create(layout, self.num_workers * self.prefetch)  # last: nothing after it fails
         self._config = WorkerConfig(
             ring=self._ring.name, layout=layout, image_keys=options.image_keys, label=options.label, fields=extra,
             keys=options.keys, stages=options.stages, handler=options.handler, decode=options.decode,
             shuffle_buffer=options.shuffle_buffer, cache_dir=options.cache_dir,
             counts=tuple(count for _, count in self.shards))
-        _pool.start_server(mp_context)
         self._resources = LoaderResources(self._ring)
         self._finalizer = weakref.finalize(self, self._resources.close)
         self._slots = SlotTensors(self._ring, copy=self.copy, channels_first=self.channels_first)

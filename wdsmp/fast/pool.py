@@ -3,9 +3,23 @@
 Processes only: what the workers do and what they share is the loader's
 business. Workers start with ``forkserver`` by default (``spawn`` where it
 is missing): both give a clean process that holds none of the main
-process's threads, CUDA context or locks. The fork server imports wdsmp
-once and forks workers from that, so a worker starts in milliseconds rather
-than re-importing numpy and torch (DESIGN.md §3, step 2).
+process's threads, CUDA context or locks. The fork server imports the
+worker's modules once and forks workers from that, so a worker starts in
+milliseconds rather than re-importing numpy (DESIGN.md §3, step 2).
+
+NOTE [light workers]
+    Workers write numpy arrays into shared memory and never need torch, whose
+    import takes a second or more of CPU: the fork server imports
+    ``wdsmp.fast.worker`` alone (numpy, the tar reader and the decoders,
+    about a tenth of that), as ``import wdsmp`` imports its public names on
+    first use. CPython's fork server also imports the main script by default
+    (its preload list is ``["__main__"]``), and a training script imports
+    torch; so while the list is that default, and the loader's workers need
+    nothing from the script (``refers_to_main``), ``start_server`` replaces it
+    with the worker module alone. Preloads a user set are kept (the worker
+    module is added). Workers that refer to the script import it themselves as
+    they start, as under spawn, and so does any other user of the same fork
+    server (a DataLoader with the forkserver context) once a loader started it.
 
 NOTE [main module]
     A process started by forkserver or spawn imports the parent's main
@@ -45,7 +59,7 @@ NOTE [CPython internals]
     private state, and nothing else in wdsmp does: ``_forkserver_preloads`` reads
     ``forkserver._forkserver._preload_modules`` (the list
     ``set_forkserver_preload`` replaces), so that wdsmp adds its worker module
-    to the user's preloads instead of dropping them; ``_process_config``
+    to the user's preloads instead of dropping them (NOTE [light workers]); ``_process_config``
     returns ``current_process()._config``, whose ``"semprefix"``
     ``synchronize.SemLock`` puts before every semaphore name. If CPython
     renames the first, the user's own preloads are lost (wdsmp still works);
@@ -73,12 +87,12 @@ import sys
 import time
 import types
 
-
 __all__ = ["START_METHODS", "WorkerPool", "context", "describe_exit", "named_semaphores", "no_room_for_semaphores",
-           "refers_to_main", "start_server", "starting_a_worker", "sweep_semaphores"]
+           "preloads", "refers_to_main", "start_server", "starting_a_worker", "sweep_semaphores"]
 
 START_METHODS = ("forkserver", "spawn", "fork")
 _PRELOAD = "wdsmp.fast.worker"
+_DEFAULT_PRELOADS = ["__main__"]  # CPython's, until someone sets others
 SEM_PREFIX = "wdsmp-sem-"
 _SEM_DIR = "/dev/shm"
 _SEMAPHORE = re.compile(rf"sem\.{re.escape(SEM_PREFIX)}(\d+-[0-9a-f]{{8}})-\w+")  # its owner's key
@@ -88,19 +102,22 @@ _owner = None  # (pid, key, descriptor of the held lock file) of this process: N
 
 def context(start_method):
     """The multiprocessing context for ``start_method`` (forkserver falls back to spawn where
-    missing), with wdsmp's worker module among the fork server's preloads."""
+    missing)."""
     if start_method not in START_METHODS:
         raise ValueError(f"start_method must be one of {START_METHODS}, not {start_method!r}")
     if start_method not in multiprocessing.get_all_start_methods():
         if start_method != "forkserver":
             raise ValueError(f"start method {start_method!r} is not available on this platform")
         start_method = "spawn"
-    ctx = multiprocessing.get_context(start_method)
-    if start_method == "forkserver":
-        preload = _forkserver_preloads()  # added to, never replaced: the user may have set their own
-        if _PRELOAD not in preload:
-            ctx.set_forkserver_preload(preload + [_PRELOAD])
-    return ctx
+    return multiprocessing.get_context(start_method)
+
+
+def preloads(current, main):
+    """The fork server's preloads for workers that need the main script (``main``) or not,
+    given the ``current`` list (NOTE [light workers])."""
+    if current == _DEFAULT_PRELOADS and not main:
+        current = []
+    return current if _PRELOAD in current else current + [_PRELOAD]
 
 
 def _forkserver_preloads():
@@ -110,13 +127,14 @@ def _forkserver_preloads():
     return list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
 
 
-def start_server(ctx):
-    """Start the fork server of ``ctx`` now, if it uses one, without waiting for it: it imports
-    wdsmp and torch once (about a second), which then overlaps whatever the caller does
-    before the first workers are needed."""
+def start_server(ctx, main=False):
+    """Start the fork server of ``ctx`` now, if it uses one and it is not running, without
+    waiting for it: its imports then overlap whatever the caller does before the first workers
+    are needed. ``main``: whether the workers need the main script (NOTE [light workers])."""
     if ctx.get_start_method() == "forkserver":
         from multiprocessing import forkserver
 
+        ctx.set_forkserver_preload(preloads(_forkserver_preloads(), main))
         forkserver.ensure_running()
 
 

@@ -1,0 +1,56 @@
+"""FastLoader's first batches as a fresh process meets them: a new interpreter that imports torch
+and wdsmp as a training script does, builds a loader and times its first batch (from
+construction) and the first batch of its second epoch (from ``iter()``, workers kept).
+
+The loader benchmark (``wdsmp.benchmark``) reports it as a row of its own, and
+``benchmarks/bench_startup.py`` beside each part of start-up; both run :data:`SCRIPT`,
+which uses wdsmp's public API only, so it measures any checkout put on ``PYTHONPATH``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+__all__ = ["SCRIPT", "first_batches"]
+
+SCRIPT = """
+import json, sys, time
+import torch
+from wdsmp import FastLoader
+
+if __name__ == "__main__":
+    index, batch_size, workers, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    start = time.perf_counter()
+    loader = FastLoader(index, batch_size, num_workers=workers, image_size=size)
+    built = time.perf_counter()
+    batches = iter(loader)
+    next(batches)
+    first = time.perf_counter()
+    for _ in batches:
+        pass
+    end = time.perf_counter()
+    next(iter(loader))
+    again = time.perf_counter()
+    loader.close()
+    print(json.dumps({"construction": built - start, "first batch": first - start,
+                      "new epoch": again - end}))
+"""
+
+
+def first_batches(index, batch_size, workers, image_size, *, tree=None, timeout=600):
+    """``{"construction", "first batch", "new epoch": seconds}`` of a FastLoader over the corpus
+    ``index`` in a fresh interpreter; ``tree``: a checkout put first on its ``PYTHONPATH``."""
+    env = dict(os.environ)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryDirectory() as directory:
+        script = os.path.join(directory, "train.py")
+        with open(script, "w") as stream:
+            stream.write(SCRIPT)
+        result = subprocess.run([sys.executable, script, index, str(batch_size), str(workers), str(image_size)],
+                                capture_output=True, text=True, timeout=timeout, env=env, cwd=directory)
+    if result.returncode != 0:
+        raise RuntimeError(f"the fresh-process loader failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
