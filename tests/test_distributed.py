@@ -21,7 +21,7 @@ from wdsmp.shardindex import write_index
 SIZES = (10, 50, 23, 37, 8)  # unequal
 BATCH, WORLD = 4, 2
 PER_RANK = sum(SIZES) // WORLD // BATCH  # policy "drop"
-pytestmark = pytest.mark.torchrun
+pytestmark = pytest.mark.processes
 
 JOB = os.path.join(os.path.dirname(__file__), "torchrun_job.py")
 SPEC = "part-{0..4}.tar"

@@ -112,6 +112,7 @@ def _count_some(urls, cache, start):
         count_local_shards(urls, cache)
 
 
+@pytest.mark.processes
 def test_processes_counting_at_once_keep_the_cache_valid(tmp_path):
     urls = _shards(tmp_path / "data", (3, 4, 5, 6))
     cache = str(tmp_path / "cache")

@@ -71,6 +71,7 @@ def _check_relabelled(outdir):
         ("b4", b"SAMPLE 4 OF B", b"1"), ("b4_copy", b"SAMPLE 4 OF B", b"1"), ("b5", b"SAMPLE 5 OF B", b"2")]
 
 
+@pytest.mark.processes
 def test_local_pool_failure_named_then_a_rerun_resumes(shards, wdsmp_run):
     """One scenario, for time: a failing sample (an exception, or sys.exit) fails its shard alone
     and is named; once fixed, a rerun converts those shards only, replacing a partial file a
@@ -96,6 +97,7 @@ def test_local_pool_failure_named_then_a_rerun_resumes(shards, wdsmp_run):
     assert os.stat(shards / "out" / "a.tar").st_mtime_ns == before.st_mtime_ns  # skipped, not rewritten
 
 
+@pytest.mark.processes
 def test_a_worker_that_dies_fails_its_shard_and_starts_nothing_more(shards, wdsmp_run):
     result = wdsmp_run("convert", "--map", "maps:relabel", "-o", "out", "--workers", "1", "--json",
                        "in/{a,b,c}.tar", env={"DIE_ON_KEY": "b2"})
@@ -107,6 +109,7 @@ def test_a_worker_that_dies_fails_its_shard_and_starts_nothing_more(shards, wdsm
     assert sorted(os.listdir(shards / "out")) == [".partial-b.tar", "a.tar"]  # a rerun overwrites the partial
 
 
+@pytest.mark.processes
 def test_killing_the_command_leaves_no_process_behind(shards, wdsmp_start):
     """SIGKILL to the command (nothing runs a clean-up): its pool workers exit, busy or idle,
     and then the fork server and the resource tracker, which they kept open."""
@@ -146,6 +149,7 @@ def dask_scheduler(shards, monkeypatch):
         cluster.close()
 
 
+@pytest.mark.processes
 def test_dask_cluster(shards, dask_scheduler, wdsmp_run):
     result = wdsmp_run("convert", "--map", "maps:relabel", "-o", "out", "--scheduler", dask_scheduler, "--json",
                        "in/{a..c}.tar")

@@ -500,6 +500,7 @@ _UNGUARDED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.processes
 def test_a_script_without_main_guard_works(shards, tmp_path):
     """Workers do not import the user's script when nothing of it is needed (NOTE [main module])."""
     _, index, _ = shards
@@ -510,6 +511,7 @@ def test_a_script_without_main_guard_works(shards, tmp_path):
     assert result.stdout.split() == ["batches", str(SHARDS * PER_SHARD // 4)]
 
 
+@pytest.mark.processes
 def test_a_script_without_main_guard_needing_its_own_function_is_told_why(shards, tmp_path):
     _, index, _ = shards
     path = tmp_path / "train.py"
@@ -577,6 +579,7 @@ def test_workers_exit_when_the_main_process_is_killed(shards, tmp_path):
     assert ring not in os.listdir(SHM_DIR)
 
 
+@pytest.mark.processes
 def test_killing_the_whole_process_group_leaves_a_ring_cleanup_removes(shards, tmp_path):
     """SIGKILL to the group (as a job scheduler does): nobody gets to clean up, so the ring
     and the queues' semaphores stay until the next loader's cleanup_stale() and

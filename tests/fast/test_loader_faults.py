@@ -177,6 +177,7 @@ def sleep_a_second(samples):
         yield sample
 
 
+@pytest.mark.processes
 def test_a_slow_stage_is_not_a_stall(shard):
     """Samples a second apart for longer than the stall timeout: each sleep ends in a wake-up."""
     with _loader([(shard, PER_SHARD)], batch_size=1, prefetch=1, stall_timeout=2.5, stages=[sleep_a_second]) as loader:
@@ -184,6 +185,7 @@ def test_a_slow_stage_is_not_a_stall(shard):
         assert [batch.count for batch, _ in zip(iterator, range(4))] == [1, 1, 1, 1]
 
 
+@pytest.mark.processes
 def test_a_slow_download_is_not_a_stall(tmp_path, http_server):
     """A shard whose last bytes trickle in for seconds, more than the stall timeout."""
     data = open(_shard(tmp_path / "slow.tar", count=6), "rb").read()
@@ -229,6 +231,7 @@ _SECOND = textwrap.dedent("""
 
 @pytest.mark.skipif(not _unshare_works("--pid", "--fork", "--mount-proc"),
                     reason="needs unshare --pid (root, or user namespaces)")
+@pytest.mark.processes
 def test_a_loader_in_another_pid_namespace_leaves_this_ones_semaphores_and_ring(shard, tmp_path):
     """Containers on one host share /dev/shm but not pids: to a loader in a new PID namespace
     every pid of ours is dead (or another process's). Its sweep must go by the owner's lock."""
@@ -268,6 +271,7 @@ _NO_ROOM = textwrap.dedent("""
 """)
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(not _unshare_works("--mount"), reason="needs unshare --mount (root) to mount a small /dev/shm")
 def test_no_room_for_the_semaphores_says_what_is_full_and_how_much_is_needed(shard, tmp_path):
     """A /dev/shm of 32 KiB (a private mount, in a mount namespace of the child's own) holds the

@@ -56,6 +56,7 @@ def test_semaphore_prefix_is_where_cpython_reads_it():
         f"a semaphore made inside named_semaphores() is named {name!r}: SemLock no longer reads semprefix"
 
 
+@pytest.mark.processes
 def test_a_spawned_child_importing_the_main_script_is_seen(tmp_path):
     """``starting_a_worker`` is what turns a loader built by a script without a main guard into
     an error instead of workers that start workers; it reads CPython's ``_inheriting``."""
