@@ -691,3 +691,55 @@ def test_resume_is_exact_when_stages_and_the_handler_drop_samples(shards, shuffl
         loader.load_state_dict(state)
         rest = _keys(loader)[0]
     assert head + rest == whole
+
+
+def _epoch(loader):
+    """Keys and pixels (a copy) of one epoch, in order."""
+    keys, images = [], []
+    for batch in loader:
+        keys += batch.keys
+        images.append(batch.images.clone())
+    return keys, torch.cat(images)
+
+
+@pytest.mark.parametrize("damaged", [False, True])
+def test_a_first_batch_made_by_threads_is_the_one_a_thread_makes(shards, damaged):
+    """NOTE [first batch together]: with two workers, the first batch is filled by two threads
+    while the other worker waits; one worker running the same two streams fills it with one.
+    Keys and pixels (crops drawn from each sample's own generator) are the same, also when a
+    sample of the first batch is damaged and the handler skips it."""
+    urls, _, _ = shards
+    table = [(url, PER_SHARD) for url in urls]
+    settings = dict(keys=True, seed=5, batch_size=8, handler=wdsmp.ignore_and_continue)
+    if damaged:
+        with _loader(table, **settings) as loader:
+            key = next(iter(loader)).keys[1]
+        shard = int(key[1:key.index("/")])
+        table[shard] = (_damage(urls[shard], key), PER_SHARD)
+    with _loader(table, **settings) as loader:
+        start = loader.state_dict()
+        keys, pixels = _epoch(loader)
+        assert loader.stats["skipped"] == int(damaged)
+    with _loader(table, num_workers=1, **settings) as loader:
+        loader.load_state_dict(start)  # the same two streams, in one worker
+        one_keys, one_pixels = _epoch(loader)
+    assert keys == one_keys and torch.equal(pixels, one_pixels)
+    if damaged:
+        assert key not in keys[:8] and len(set(keys[:8])) == 8
+
+
+def test_a_resumed_epoch_draws_the_crops_of_an_uninterrupted_one(shards):
+    """Crops and flips come from each sample's own generator, so the batches after a resume are
+    the uninterrupted epoch's, pixel for pixel (not only the same samples)."""
+    _, index, _ = shards
+    with _loader(index, keys=True, seed=5) as loader:
+        keys, pixels = _epoch(loader)
+    with _loader(index, keys=True, seed=5) as loader:
+        iterator = iter(loader)
+        head = [next(iterator).images.clone() for _ in range(5)]
+        state = loader.state_dict()
+    with _loader(index, keys=True, seed=5) as loader:
+        loader.load_state_dict(state)
+        rest_keys, rest = _epoch(loader)
+    assert rest_keys == keys[20:]
+    assert torch.equal(torch.cat(head + [rest]), pixels)

@@ -28,11 +28,12 @@ from time import perf_counter_ns
 
 from ..errors import WorkerError
 from . import pool as _pool
-from .messages import BatchReady, Reading, WorkerDone, WorkerFailed, WorkerWarning
+from .messages import BatchReady, EpochTask, Reading, WorkerDone, WorkerFailed, WorkerWarning
 
-__all__ = ["DeliveryState", "EpochIterator"]
+__all__ = ["FIRST_BATCH_HOLD", "DeliveryState", "EpochIterator"]
 
 _POLL = 0.5  # seconds between liveness checks while waiting for a batch
+FIRST_BATCH_HOLD = 1.0  # seconds the other workers wait for an epoch's first batch (NOTE [first batch together])
 
 
 class DeliveryState:
@@ -70,7 +71,10 @@ class DeliveryState:
 
 class EpochIterator:
     """Delivers one epoch's batches in order (NOTE [loader protocol]); ``streams[w]`` are the
-    streams worker w runs (interleaved in this same order).
+    streams worker w runs (interleaved in this same order). It gives the workers their tasks:
+    the worker of the epoch's first batch at once, to make it with ``threads`` threads, the
+    others when that batch is announced or ``FIRST_BATCH_HOLD`` seconds have passed (NOTE
+    [first batch together] in ``worker.py``).
 
     Its collaborators, all the loader's: ``resources`` (``resources.LoaderResources``: the ring
     and whether the loader is still open), ``slots`` (``batches.SlotTensors``: a message's slot
@@ -79,7 +83,8 @@ class EpochIterator:
     (seconds the awaited worker may show no sign of life before a ``WorkerError``; NOTE
     [stalled workers])."""
 
-    def __init__(self, workers, plan, streams, *, resources, slots, stats, timeout=None, stall_timeout=None):
+    def __init__(self, workers, plan, streams, *, resources, slots, stats, timeout=None, stall_timeout=None,
+                 threads=1):
         self.workers, self.plan, self.streams = workers, plan, streams
         self.resources, self.slots, self.stats, self.timeout = resources, slots, stats, timeout
         self.stall_timeout = stall_timeout
@@ -92,6 +97,15 @@ class EpochIterator:
         self.total = [None] * plan.num_streams  # each stream's batch count, once it is done
         self.pending = {}
         self.held = None
+        self.first_worker = self.next_worker()
+        self.deferred = {}  # worker -> its EpochTask, not sent yet
+        self.release_at = time.monotonic() + FIRST_BATCH_HOLD
+        for w, mine in enumerate(streams):
+            task = EpochTask(tuple(plan.streams[s] for s in mine), threads if w == self.first_worker else 1)
+            if w == self.first_worker or threads == 1 or self.first_worker is None:
+                workers.tasks[w].put(task)
+            else:
+                self.deferred[w] = task
 
     @property
     def finished(self):
@@ -165,18 +179,31 @@ class EpochIterator:
         """Take one message off the ready queue; raise when a worker failed, died, stalled or
         timed out (checked at least every ``_POLL`` seconds, also while other workers' messages
         keep coming)."""
+        wait = _POLL if not self.deferred else max(0.0, min(_POLL, self.release_at - time.monotonic()))
         try:
-            message = self.workers.ready.get(timeout=_POLL)
+            message = self.workers.ready.get(timeout=wait)
         except Empty:
             message = None
         if message is not None:
             self._dispatch(message)
+        if self.deferred and time.monotonic() >= self.release_at:
+            self._release_deferred()
         if message is None or time.monotonic() - self.checked >= _POLL:
             self.checked = time.monotonic()
             self._check_workers(waiting_for, started)
 
+    def _release_deferred(self):
+        """Send the tasks held back for the epoch's first batch (NOTE [first batch together])."""
+        deferred, self.deferred = self.deferred, {}
+        if not self.workers.broken:
+            for w, task in deferred.items():
+                self.workers.tasks[w].put(task)
+
     def _dispatch(self, message):
         self.activity.pop(message.worker, None)  # a message is a sign of life
+        if self.deferred and message.worker == self.first_worker and isinstance(
+                message, (BatchReady, WorkerDone, WorkerFailed)):
+            self._release_deferred()
         if isinstance(message, Reading):
             self.reading[message.worker] = message.shard
         elif isinstance(message, BatchReady):

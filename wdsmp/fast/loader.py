@@ -55,6 +55,7 @@ NOTE [shutdown order]
     FastLoader unlinks rings whose owner died without closing.
 """
 
+import os
 import warnings
 import weakref
 
@@ -185,6 +186,12 @@ class FastLoader:
         if not isinstance(exact, bool):
             raise ValueError(f"exact must be True or False, not {exact!r}")
         self.exact = exact
+        layout, extra = _layout(options)
+        mp_context = _pool.context(start_method)  # a bad start method fails here, not at the first batch
+        # The fork server imports the workers' modules from now on, as shards are counted and the
+        # ring is made (NOTE [light workers] in pool.py).
+        _pool.start_server(mp_context, main=_pool.refers_to_main((options.label, extra, options.stages,
+                                                                   options.handler)))
         # Unknown counts leave ranks unequal (a resampled epoch is a number of batches; one rank is alone).
         required = exact and not self.resampled and self.world_size > 1
         self.shards = known_counts(
@@ -192,14 +199,9 @@ class FastLoader:
             required_by=f"FastLoader on {self.world_size} ranks" if required else None,
             otherwise="pass exact=False for epochs of whole shards per rank (which may then hand out "
                       "different numbers of batches)")
-        layout, extra = _layout(options)
-        mp_context = _pool.context(start_method)  # a bad start method fails here, not at the first batch
         self.plan(0)  # bad plan arguments (rank, policy, too few samples) fail here too
         cleanup_stale(DEFAULT_PREFIX)
         _pool.sweep_semaphores()
-        # The fork server imports the workers' modules meanwhile (NOTE [light workers] in pool.py).
-        _pool.start_server(mp_context, main=_pool.refers_to_main((options.label, extra, options.stages,
-                                                                   options.handler)))
         self._ring = Ring.create(layout, self.num_workers * self.prefetch)  # last: nothing after it fails
         self._config = WorkerConfig(
             ring=self._ring.name, layout=layout, image_keys=options.image_keys, label=options.label, fields=extra,
@@ -267,11 +269,12 @@ class FastLoader:
             workers = self._resources.start_workers(self._config, self.num_workers, self.prefetch,
                                                     self._options.start_method)
         streams = streams_of_workers(plan.num_streams, self.num_workers)
-        for w, mine in enumerate(streams):
-            workers.tasks[w].put(tuple(plan.streams[s] for s in mine))
         self._stats.start()
+        # The first batch is made by as many threads as workers and cores (NOTE [first batch together]).
+        threads = min(self.num_workers, len(os.sched_getaffinity(0)))
         iterator = EpochIterator(workers, plan, streams, resources=self._resources, slots=self._slots,
-                                 stats=self._stats, timeout=self.timeout, stall_timeout=self._options.stall_timeout)
+                                 stats=self._stats, timeout=self.timeout, stall_timeout=self._options.stall_timeout,
+                                 threads=threads)
         self._delivery = iterator.state
         return iterator
 

@@ -12,7 +12,17 @@ from typing import Optional, Tuple
 
 from ..errors import WorkerError
 
-__all__ = ["BatchReady", "Reading", "Stop", "WorkerDone", "WorkerFailed", "WorkerWarning"]
+__all__ = ["BatchReady", "EpochTask", "Reading", "Stop", "WorkerDone", "WorkerFailed", "WorkerWarning"]
+
+
+@dataclass(frozen=True)
+class EpochTask:
+    """A worker's part of an epoch: the ``StreamPlan`` of each stream it runs (in the epoch
+    plan's order), and how many threads decode the first batch it makes (NOTE [first batch
+    together] in ``worker.py``: more than one for the worker of the epoch's first batch)."""
+
+    plans: Tuple[object, ...]
+    threads: int = 1
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,30 @@ NOTE [full batches]
     same number of equally shaped batches, and DDP never waits on a rank
     that ran short. When counts are unknown (shards mode) a worker's last
     batch is short instead.
+
+NOTE [first batch together]
+    An epoch's first batch is the one a training loop waits for with nothing
+    to overlap it: made by one worker as the others make theirs, it takes a
+    whole batch's decoding on one core. So the loader gives the other workers
+    their plans only once that batch is announced (or after
+    ``delivery.FIRST_BATCH_HOLD`` seconds: a first batch slow for want of data, not of cores, holds nobody
+    long), and the worker making it decodes it with one thread per worker
+    (``EpochTask.threads``): on W cores it comes about W times sooner, and the
+    cores do the same work in all. The worker reads the batch's samples in
+    order, then fills their rows at once (decoding and resizing release the
+    GIL); a row whose sample failed is left out and the rows after it move
+    up, so the batch is the one a single thread makes, whatever the handler
+    does. Crops and flips are drawn from each sample's own generator, seeded
+    by the stream's seed and the sample's place in the stream, so threads
+    draw the same boxes in any order, and a resumed stream the same boxes as
+    an uninterrupted one.
 """
 
 import io
 import random
 import signal
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
 from queue import Empty
@@ -35,7 +53,7 @@ from ..liveness import exit_with_parent
 from ..ranges import buffer_shuffled, read_ranges
 from ..utils import make_seed
 from .imagedecode import decode_with_options
-from .messages import BatchReady, Reading, Stop, WorkerDone, WorkerFailed, WorkerWarning
+from .messages import BatchReady, EpochTask, Reading, Stop, WorkerDone, WorkerFailed, WorkerWarning
 from .options import DecodeOptions
 from .ring import Ring
 from .stats import WorkerClock
@@ -84,9 +102,9 @@ class _Stopped(Exception):
 
 
 def worker_main(worker, config, tasks, free, ready, stop):
-    """Serve epochs: take the ``StreamPlan`` of each stream to run from ``tasks`` (a tuple), fill
-    slots taken from ``free``, announce them on ``ready``; until ``Stop``, the ``stop`` event,
-    or the loader's death."""
+    """Serve epochs: take each epoch's ``EpochTask`` from ``tasks``, fill slots taken from
+    ``free``, announce them on ``ready``; until ``Stop``, the ``stop`` event, or the loader's
+    death."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
     exit_with_parent()
 
@@ -102,12 +120,14 @@ def worker_main(worker, config, tasks, free, ready, stop):
         return
     try:
         while True:
-            plans = _wait(tasks, stop)
-            if isinstance(plans, Stop):
+            task = _wait(tasks, stop)
+            if isinstance(task, Stop):
                 return
             clock.restart()  # the time spent waiting for this epoch is nobody's
-            _run_streams([_Stream(worker, config, plan, ring, free, ready, stop, where, clock) for plan in plans],
-                         ready)
+            streams = [_Stream(worker, config, plan, ring, free, ready, stop, where, clock) for plan in task.plans]
+            if streams:  # the first to make a batch makes it with the task's threads
+                min(streams, key=_turn).threads = task.threads
+            _run_streams(streams, ready)
     except _Stopped:
         return
     except BaseException as exn:
@@ -129,12 +149,17 @@ def _run_streams(streams, ready):
     worker per stream delivers them, and holds no slot the loader is not about to take."""
     runs = [(stream, stream.run()) for stream in streams]
     while runs:
-        stream, run = min(runs, key=lambda entry: (entry[0].index, entry[0].plan.stream))
+        stream, run = min(runs, key=lambda entry: _turn(entry[0]))
         try:
             next(run)
         except StopIteration as done:
             ready.put(done.value)
             runs.remove((stream, run))
+
+
+def _turn(stream):
+    """Which of a worker's streams makes its next batch first: the fewest batches, then the lowest number."""
+    return stream.index, stream.plan.stream
 
 
 def _wait(queue, stop):
@@ -172,7 +197,7 @@ class _Stream:
         self.clock = clock  # the worker's: where its time went since its last batch (NOTE [stage times])
         self.batch_size = config.layout.batch_size
         self.specs = {spec.name: spec for spec in config.layout.fields}
-        self.augment = random.Random(make_seed(plan.seed, "augment"))
+        self.threads = 1  # that decode its next batch (NOTE [first batch together])
         self.samples = self.skipped = self.padded = 0
         self.index = plan.skip_batches  # the number of the stream's next batch
         self.last_good = None  # a copy of the last row of the last full batch: {field: array}
@@ -229,37 +254,31 @@ class _Stream:
         """Fill and announce this stream's batches, pausing after each (``self.index`` is the next
         one's number); its value at the end is the ``WorkerDone`` to send."""
         plan, size, clock = self.plan, self.batch_size, self.clock
-        slot, rows = None, 0
+        slot, rows, ended = None, 0, False
         source = self._source()
-        while plan.num_batches is None or self.index < plan.num_batches:
-            try:
-                start = perf_counter_ns()
-                sample = next(source, _END)
-                clock.source_ns += perf_counter_ns() - start
-            except Exception as exn:
-                # Stages are generators: one that raised has ended, and the rest of this stream with it.
-                if self._handle(exn):
-                    warnings.warn(f"a stage raised {type(exn).__name__}: {exn}; the rest of stream "
-                                  f"{plan.stream} of epoch {plan.epoch} in worker {self.worker} is lost (after {self.samples} "
-                                  f"samples): a stage must handle its own errors to skip single samples")
-                break
-            if sample is _END:
-                break
-            self.taken += 1
-            if slot is None:
+        while not ended and (plan.num_batches is None or self.index < plan.num_batches):
+            if self.threads > 1:  # NOTE [first batch together]
                 slot, arrays = self._take_slot()
-            try:
-                start = perf_counter_ns()
-                self._check_sample(sample)
-                self._fill(arrays, rows, sample)
-            except Exception as exn:
-                if self._handle(_located(exn, sample)):
-                    continue
-                break
-            finally:
-                clock.fill_ns += perf_counter_ns() - start
-            self.samples += 1
-            rows += 1
+                rows, ended = self._fill_together(source, arrays)
+                self.threads = 1
+            else:
+                sample = self._next_sample(source)
+                if sample is _END:
+                    break
+                if slot is None:
+                    slot, arrays = self._take_slot()
+                try:
+                    start = perf_counter_ns()
+                    info = self._fill(arrays, rows, sample, self.taken, self.where.url, self.where.member, clock)
+                except Exception as exn:
+                    if self._handle(_located(exn, sample)):
+                        continue
+                    break
+                finally:
+                    clock.fill_ns += perf_counter_ns() - start
+                clock.count_image(info)
+                self.samples += 1
+                rows += 1
             if rows == size:
                 slot, rows = self._publish(slot, arrays, size), 0
                 yield
@@ -280,15 +299,75 @@ class _Stream:
                 yield
         return WorkerDone(self.worker, plan.epoch, self.index, self.samples, self.skipped, self.padded, plan.stream)
 
-    def _check_sample(self, sample):
+    def _next_sample(self, source):
+        """The stream's next item, counted in ``taken``; ``_END`` at its end, and when a stage
+        raised: a generator that raised has ended, and the rest of this stream with it."""
+        try:
+            start = perf_counter_ns()
+            sample = next(source, _END)
+            self.clock.source_ns += perf_counter_ns() - start
+        except Exception as exn:
+            if self._handle(exn):
+                warnings.warn(f"a stage raised {type(exn).__name__}: {exn}; the rest of stream "
+                              f"{self.plan.stream} of epoch {self.plan.epoch} in worker {self.worker} is lost (after "
+                              f"{self.samples} samples): a stage must handle its own errors to skip single samples")
+            return _END
+        if sample is not _END:
+            self.taken += 1
+        return sample
+
+    def _fill_together(self, source, arrays):
+        """Fill a slot's rows from ``self.threads`` threads (NOTE [first batch together]): each
+        sample is read in order and its row filled by the next free thread, then the rows of
+        failed samples (that the handler skips) are closed up; ``(rows filled, whether the
+        stream ended)``."""
+        items, clocks, jobs = [], [], []  # per row: (number in the stream, sample); its _FillClock; its future
+
+        def fill(row, sample, number, url, member):
+            start = perf_counter_ns()
+            try:
+                return self._fill(arrays, row, sample, number, url, member, clocks[row]), None
+            except Exception as exn:
+                return None, exn
+            finally:
+                clocks[row].total_ns = perf_counter_ns() - start
+
+        start, reading = perf_counter_ns(), self.clock.source_ns
+        with ThreadPoolExecutor(self.threads, thread_name_prefix="wdsmp-fill") as pool:
+            while len(items) < self.batch_size:
+                sample = self._next_sample(source)
+                if sample is _END:
+                    break
+                items.append((self.taken, sample))
+                clocks.append(_FillClock())
+                jobs.append(pool.submit(fill, len(jobs), sample, self.taken, self.where.url, self.where.member))
+            outcomes = [job.result() for job in jobs]
+        reading = self.clock.source_ns - reading  # counted as the source's: the rest is filling
+        _FillClock.add_to(self.clock, clocks, perf_counter_ns() - start - reading)
+        rows = 0
+        for row, ((number, sample), (info, exn)) in enumerate(zip(items, outcomes)):
+            if exn is not None:
+                if self._handle(_located(exn, sample)):
+                    continue
+                self.taken = number  # as far as one thread would have read
+                return rows, True
+            if row != rows:
+                for array in arrays.values():
+                    array[rows] = array[row]
+            self.clock.count_image(info)
+            self.samples += 1
+            rows += 1
+        return rows, len(items) < self.batch_size
+
+    def _check_sample(self, sample, url, member):
         """A SampleError unless ``sample`` is a sample dict: a stage that yields None (or anything
-        else) neither ends the stream nor passes unnoticed."""
+        else) neither ends the stream nor passes unnoticed. ``url`` and ``member``: what was read last."""
         if not isinstance(sample, dict):
             stages = self.config.stages
             name = (getattr(stages[-1], "__name__", None) or repr(stages[-1])) if stages else "the reader"
             raise SampleError(f"the stages (the last: {name}) yielded {repr(sample)[:60]}, not a sample dict, "
                               f"after the sample named here was read; a stage drops a sample by not yielding it",
-                              self.where.url, self.where.member)
+                              url, member)
 
     def _take_slot(self):
         start = perf_counter_ns()
@@ -320,17 +399,21 @@ class _Stream:
             arrays[name][rows:] = row
         self.padded += self.batch_size - rows
 
-    def _fill(self, arrays, row, sample):
-        """Write one sample into row ``row`` of a slot; raises on anything missing or malformed."""
+    def _fill(self, arrays, row, sample, number, read_url, read_member, clock):
+        """Write one sample, the stream's ``number``-th item, into row ``row`` of a slot, its
+        decoding timed on ``clock``; its ``ImageInfo``. Raises on anything missing or malformed
+        (``read_url`` and ``read_member``: what was read last, for a sample that is none)."""
+        self._check_sample(sample, read_url, read_member)
         config = self.config
         url, key = sample.get("__url__"), sample.get("__key__")
         ext = next((e for e in config.image_keys if e in sample), None)
         if ext is None:
             raise SampleError(f"no image field (one of {', '.join(config.image_keys)}) in the sample; "
                               f"it has {_fields(sample)}", url, key)
-        info = decode_with_options(sample[ext], arrays[IMAGES][row], config.decode, self.augment, url=url,
-                                   member=f"{key}.{ext}", clock=self.clock)
-        self.clock.count_image(info)
+        # Each sample's own draws: NOTE [first batch together].
+        augment = random.Random(make_seed(self.plan.seed, "augment", number)) if config.decode.train else None
+        info = decode_with_options(sample[ext], arrays[IMAGES][row], config.decode, augment, url=url,
+                                   member=f"{key}.{ext}", clock=clock)
         if config.label is not None:
             arrays[LABELS][row] = _label(sample, config.label, url, key)
         for name, source in config.fields:
@@ -350,6 +433,25 @@ class _Stream:
             if len(encoded) > width:
                 raise SampleError(f"key is {len(encoded)} bytes long, more than key_length={width}", url, key)
             arrays[KEYS][row] = encoded
+        return info
+
+
+class _FillClock:
+    """One row's decoding and resizing time, and its whole fill's, when rows are filled by threads."""
+
+    __slots__ = ("decode_ns", "resize_ns", "total_ns")
+
+    def __init__(self):
+        self.decode_ns = self.resize_ns = self.total_ns = 0
+
+    @staticmethod
+    def add_to(clock, clocks, wall_ns):
+        """Add rows filled together in ``wall_ns`` to the worker's ``clock``, their stages scaled to
+        the wall-clock time, so that the stages still add up to the worker's busy time."""
+        share = wall_ns / max(1, sum(c.total_ns for c in clocks))
+        clock.decode_ns += int(sum(c.decode_ns for c in clocks) * share)
+        clock.resize_ns += int(sum(c.resize_ns for c in clocks) * share)
+        clock.fill_ns += wall_ns
 
 
 def _fields(sample):
