@@ -1,6 +1,7 @@
 """FastLoader end to end: real shards, real JPEGs, real worker processes and shared memory."""
 
 import collections
+import functools
 import gc
 import io
 import os
@@ -340,7 +341,7 @@ def below_forty(sample):
 
 def test_whole_batches_lost_to_a_stage_repeat_the_last_good_sample(shards):
     _, index, _ = shards
-    with _loader(index, keys=True, num_workers=1, shuffle=False, train=False,
+    with _loader(index, keys=True, num_workers=1, shuffle=False, train=False, copy=True,
                  stages=[wdsmp.select(below_forty)]) as loader:
         batches = [batch for batch in loader]
     assert len(batches) == 17 and all(batch.count == 4 for batch in batches)
@@ -380,9 +381,11 @@ def test_copy_keeps_batches_and_views_are_recycled(shards):
     _, index, _ = shards
     with _loader(index, copy=True, train=False, shuffle=False, num_workers=1) as loader:
         kept = [images for images, _ in loader]
+    with _loader(index, copy=True, train=False, shuffle=False, num_workers=1) as loader:
+        again = [images for images, _ in loader]
     with _loader(index, train=False, shuffle=False, num_workers=1) as loader:
         views = [images for images, _ in loader]
-    assert all(torch.equal(a, b) for a, b in zip(kept[-2:], views[-2:]))
+    assert all(torch.equal(a, b) for a, b in zip(kept, again))
     assert not all(torch.equal(a, b) for a, b in zip(kept[:4], views[:4]))  # NOTE [batch lifetime]
 
 
@@ -743,3 +746,76 @@ def test_a_resumed_epoch_draws_the_crops_of_an_uninterrupted_one(shards):
         rest_keys, rest = _epoch(loader)
     assert rest_keys == keys[20:]
     assert torch.equal(torch.cat(head + [rest]), pixels)
+
+
+def note_read(path, sample):
+    with open(path, "a") as stream:
+        stream.write(sample["__key__"] + "\n")
+    return sample
+
+
+def _lines(path):
+    with open(path) as stream:
+        return len(stream.readlines())
+
+
+def test_the_next_epoch_goes_ahead_with_the_same_workers(shards, tmp_path):
+    """NOTE [next epoch ahead]: the workers start epoch 1 as epoch 0's last batch is taken, before
+    the next iter(), and keep going; epochs 1 and 2 are what fresh loaders give for them, pixels
+    included."""
+    _, index, _ = shards
+    reads = str(tmp_path / "reads")
+    open(reads, "w").close()
+    with _loader(index, keys=True, seed=5, stages=[wdsmp.map(functools.partial(note_read, reads))]) as loader:
+        first = _epoch(loader)[0]
+        deadline = time.monotonic() + 60
+        while _lines(reads) <= SHARDS * PER_SHARD and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(first) <= SHARDS * PER_SHARD < _lines(reads)  # epoch 1 is being read
+        workers = _worker_pids(loader)
+        epochs = [_epoch(loader), _epoch(loader)]
+        assert _worker_pids(loader) == workers and loader.epoch == 3
+    for epoch, (keys, pixels) in zip((1, 2), epochs):
+        with _loader(index, keys=True, seed=5) as fresh:
+            fresh.set_epoch(epoch)
+            fresh_keys, fresh_pixels = _epoch(fresh)
+        assert keys == fresh_keys and torch.equal(pixels, fresh_pixels)
+
+
+@pytest.mark.parametrize("change", ["set_epoch", "load_state_dict"])
+def test_another_epoch_than_the_one_gone_ahead_restarts_the_workers(shards, change):
+    _, index, _ = shards
+    with _loader(index, keys=True, seed=5) as loader:
+        iterator = iter(loader)
+        head = [k for _ in range(3) for k in next(iterator).keys]
+        state = loader.state_dict()
+    with _loader(index, keys=True, seed=5) as loader:
+        whole = _keys(loader)[0]
+        loader.set_epoch(4)
+        fourth = _keys(loader)[0]
+    with _loader(index, keys=True, seed=5) as loader:
+        _keys(loader)  # epoch 1 went ahead
+        if change == "set_epoch":
+            loader.set_epoch(4)
+            assert _keys(loader)[0] == fourth
+        else:
+            loader.load_state_dict(state)
+            assert head + _keys(loader)[0] == whole
+        assert _keys(loader)[0] != whole  # and the epoch after that went ahead correctly
+
+
+def test_a_worker_dead_after_its_part_of_an_epoch_fails_the_next(shards):
+    """A worker killed after it made its last batch of epoch 0 (and went on with epoch 1) does not
+    fail epoch 0, which is complete; epoch 1 reports it."""
+    _, index, _ = shards
+    with _loader(index, keys=True, seed=5) as loader:
+        iterator = iter(loader)
+        keys = []
+        for _ in range(len(loader)):
+            keys += next(iterator).keys
+        os.kill(_worker_pids(loader)[0], signal.SIGKILL)
+        with pytest.raises(StopIteration):
+            next(iterator)
+        assert len(keys) == SHARDS * PER_SHARD // 4 * 4
+        with pytest.raises(WorkerError, match="died with signal SIGKILL"):
+            _keys(loader)

@@ -28,12 +28,11 @@ from time import perf_counter_ns
 
 from ..errors import WorkerError
 from . import pool as _pool
-from .messages import BatchReady, EpochTask, Reading, WorkerDone, WorkerFailed, WorkerWarning
+from .messages import BatchReady, Reading, WorkerDone, WorkerFailed, WorkerWarning
 
-__all__ = ["FIRST_BATCH_HOLD", "DeliveryState", "EpochIterator"]
+__all__ = ["DeliveryState", "EpochIterator"]
 
 _POLL = 0.5  # seconds between liveness checks while waiting for a batch
-FIRST_BATCH_HOLD = 1.0  # seconds the other workers wait for an epoch's first batch (NOTE [first batch together])
 
 
 class DeliveryState:
@@ -70,11 +69,13 @@ class DeliveryState:
 
 
 class EpochIterator:
-    """Delivers one epoch's batches in order (NOTE [loader protocol]); ``streams[w]`` are the
-    streams worker w runs (interleaved in this same order). It gives the workers their tasks:
-    the worker of the epoch's first batch at once, to make it with ``threads`` threads, the
-    others when that batch is announced or ``FIRST_BATCH_HOLD`` seconds have passed (NOTE
-    [first batch together] in ``worker.py``).
+    """Delivers one epoch's batches in order (NOTE [loader protocol]); ``start`` (an
+    ``epochstart.EpochStart``) sent the workers their tasks, and holds some back until the
+    first batch is announced; ``start.streams[w]`` are the streams worker w runs (interleaved
+    in this same order). ``ahead``: a weak reference (``weakref.WeakMethod``) to the loader's
+    function that, called once the epoch's last batch is taken off the queue, sends the next
+    epoch's tasks and returns their ``EpochStart``, or None (NOTE [next epoch ahead] in
+    ``epochstart.py``).
 
     Its collaborators, all the loader's: ``resources`` (``resources.LoaderResources``: the ring
     and whether the loader is still open), ``slots`` (``batches.SlotTensors``: a message's slot
@@ -83,29 +84,24 @@ class EpochIterator:
     (seconds the awaited worker may show no sign of life before a ``WorkerError``; NOTE
     [stalled workers])."""
 
-    def __init__(self, workers, plan, streams, *, resources, slots, stats, timeout=None, stall_timeout=None,
-                 threads=1):
-        self.workers, self.plan, self.streams = workers, plan, streams
+    def __init__(self, start, *, resources, slots, stats, timeout=None, stall_timeout=None, ahead=None):
+        self.start, self.workers, self.plan, self.streams = start, start.workers, start.plan, start.streams
         self.resources, self.slots, self.stats, self.timeout = resources, slots, stats, timeout
         self.stall_timeout = stall_timeout
         self.reading = {}  # worker -> the shard it said it reads
         self.activity = {}  # worker -> (its last activity snapshot, when that was first seen)
         self.checked = time.monotonic()  # the last liveness check
-        self.owner = {s: w for w, mine in enumerate(streams) for s in mine}
-        self.state = DeliveryState(plan, workers)
+        self.owner = {s: w for w, mine in enumerate(self.streams) for s in mine}
+        self.state = DeliveryState(self.plan, self.workers)
         self.delivered = self.state.delivered
-        self.total = [None] * plan.num_streams  # each stream's batch count, once it is done
+        self.total = [None] * self.plan.num_streams  # each stream's batch count, once it is done
         self.pending = {}
         self.held = None
-        self.first_worker = self.next_worker()
-        self.deferred = {}  # worker -> its EpochTask, not sent yet
-        self.release_at = time.monotonic() + FIRST_BATCH_HOLD
-        for w, mine in enumerate(streams):
-            task = EpochTask(tuple(plan.streams[s] for s in mine), threads if w == self.first_worker else 1)
-            if w == self.first_worker or threads == 1 or self.first_worker is None:
-                workers.tasks[w].put(task)
-            else:
-                self.deferred[w] = task
+        self.ahead = ahead  # until called; then the next epoch's EpochStart, or None
+        self.next_start = None
+        early, start.early = start.early, []
+        for message in early:
+            self._dispatch(message)
 
     @property
     def finished(self):
@@ -153,7 +149,15 @@ class EpochIterator:
             self._receive(worker, started)
         self.delivered[stream] += 1
         self.stats.add_batch(message, perf_counter_ns() - waiting, self.plan.epoch)
+        if self.ahead is not None and self._last_batch_delivered():
+            method, self.ahead = self.ahead(), None  # NOTE [next epoch ahead] in epochstart.py
+            self.next_start = None if method is None else method()
         return message
+
+    def _last_batch_delivered(self):
+        """Whether every stream's planned batches are off the queue (known counts only)."""
+        return all(stream.num_batches is not None and self.delivered[s] >= stream.num_batches
+                   for s, stream in enumerate(self.plan.streams))
 
     def hand(self, message):
         """The batch of ``message`` goes to the user now: ``state_dict`` counts it as seen."""
@@ -179,31 +183,35 @@ class EpochIterator:
         """Take one message off the ready queue; raise when a worker failed, died, stalled or
         timed out (checked at least every ``_POLL`` seconds, also while other workers' messages
         keep coming)."""
-        wait = _POLL if not self.deferred else max(0.0, min(_POLL, self.release_at - time.monotonic()))
+        starts = [start for start in (self.start, self.next_start) if start is not None]
+        wait = min(start.wait(_POLL) for start in starts)
         try:
             message = self.workers.ready.get(timeout=wait)
         except Empty:
             message = None
         if message is not None:
             self._dispatch(message)
-        if self.deferred and time.monotonic() >= self.release_at:
-            self._release_deferred()
+        for start in starts:
+            start.tick()
         if message is None or time.monotonic() - self.checked >= _POLL:
             self.checked = time.monotonic()
             self._check_workers(waiting_for, started)
 
-    def _release_deferred(self):
-        """Send the tasks held back for the epoch's first batch (NOTE [first batch together])."""
-        deferred, self.deferred = self.deferred, {}
-        if not self.workers.broken:
-            for w, task in deferred.items():
-                self.workers.tasks[w].put(task)
+    def _worker_done(self, worker):
+        """Whether ``worker`` has ended all its streams of this epoch (its later messages and its
+        exit belong to the next epoch)."""
+        return all(self.total[s] is not None for s in self.streams[worker])
 
     def _dispatch(self, message):
         self.activity.pop(message.worker, None)  # a message is a sign of life
-        if self.deferred and message.worker == self.first_worker and isinstance(
-                message, (BatchReady, WorkerDone, WorkerFailed)):
-            self._release_deferred()
+        later = self.next_start is not None and not isinstance(message, WorkerWarning) and (
+            getattr(message, "epoch", None) == self.next_start.epoch
+            or (not hasattr(message, "epoch") and self._worker_done(message.worker)))
+        if later:  # NOTE [next epoch ahead] in epochstart.py
+            self.next_start.early.append(message)
+            self.next_start.note(message)
+            return
+        self.start.note(message)
         if isinstance(message, Reading):
             self.reading[message.worker] = message.shard
         elif isinstance(message, BatchReady):
@@ -217,13 +225,15 @@ class EpochIterator:
             self._fail(message.to_error())
 
     def _check_workers(self, waiting_for, started):
-        dead = self.workers.pool.dead()
-        if dead:
+        # A worker that ended its part of this epoch and died after is the next epoch's to report.
+        if any(not self._worker_done(w) for w, _ in self.workers.pool.dead()):
             while True:  # a worker that failed has sent why before it exited
                 try:
                     self._dispatch(self.workers.ready.get(timeout=_POLL))
                 except Empty:
                     break
+        dead = [(w, code) for w, code in self.workers.pool.dead() if not self._worker_done(w)]
+        if dead:
             worker, code = dead[0]
             pid = self.workers.pool.pids()[worker]
             self._fail(WorkerError(f"loader worker {worker} (pid {pid}) died with {_pool.describe_exit(code)} "

@@ -67,6 +67,7 @@ from . import pool as _pool
 from .batches import Batch, SlotTensors
 from .bottleneck import shard_source
 from .delivery import EpochIterator
+from .epochstart import EpochStart
 from .layout import BatchLayout, FieldSpec
 from .options import IMAGE_KEYS, DecodeOptions, LoaderOptions
 from .resources import LoaderResources
@@ -216,6 +217,7 @@ class FastLoader:
         self.epoch = 0
         self._resume = None
         self._delivery = None  # the current epoch's DeliveryState (never its iterator: see there)
+        self._ahead = None  # the next epoch's EpochStart, when its tasks went ahead
 
     # -- epochs -------------------------------------------------------------------------
 
@@ -251,10 +253,12 @@ class FastLoader:
         return batches
 
     def __iter__(self):
-        """Start the next epoch: the workers get their plans; the iterator delivers the batches."""
+        """Start the next epoch: the workers get their plans (unless they went ahead with this
+        very epoch, NOTE [next epoch ahead] in ``epochstart.py``); the iterator delivers the batches."""
         self._resources.check_open()
         if self._delivery is not None:
             self._delivery.abandon()
+        ahead, self._ahead = self._ahead, None
         position = self._resume or PlanPosition(self.epoch)
         self._resume = None
         plan = self.plan(position)
@@ -265,18 +269,34 @@ class FastLoader:
             if notice is not None:
                 warnings.warn(notice, stacklevel=2)
         workers = self._resources.workers
+        if ahead is not None and (ahead.workers is not workers or workers.broken or ahead.plan != plan):
+            workers.shutdown()  # they went ahead with another epoch than this one
+            ahead = None
         if workers is None or workers.broken:
             workers = self._resources.start_workers(self._config, self.num_workers, self.prefetch,
                                                     self._options.start_method)
-        streams = streams_of_workers(plan.num_streams, self.num_workers)
         self._stats.start()
-        # The first batch is made by as many threads as workers and cores (NOTE [first batch together]).
-        threads = min(self.num_workers, len(os.sched_getaffinity(0)))
-        iterator = EpochIterator(workers, plan, streams, resources=self._resources, slots=self._slots,
-                                 stats=self._stats, timeout=self.timeout, stall_timeout=self._options.stall_timeout,
-                                 threads=threads)
+        start = ahead or self._start_epoch(workers, plan)
+        iterator = EpochIterator(start, resources=self._resources, slots=self._slots, stats=self._stats,
+                                 timeout=self.timeout, stall_timeout=self._options.stall_timeout,
+                                 ahead=weakref.WeakMethod(self._next_epoch_ahead))
         self._delivery = iterator.state
         return iterator
+
+    def _start_epoch(self, workers, plan):
+        """Send ``workers`` the tasks of ``plan``; the first batch is made by as many threads as
+        there are workers and cores (NOTE [first batch together] in ``worker.py``)."""
+        threads = min(self.num_workers, len(os.sched_getaffinity(0)))
+        return EpochStart(workers, plan, streams_of_workers(plan.num_streams, self.num_workers), threads)
+
+    def _next_epoch_ahead(self):
+        """Send the workers the next epoch's tasks now, as the last batch of this one is delivered;
+        its ``EpochStart`` (NOTE [next epoch ahead] in ``epochstart.py``)."""
+        workers = self._resources.workers
+        if self._resume is not None or workers is None or workers.broken or self._resources.closed:
+            return None
+        self._ahead = self._start_epoch(workers, self.plan(PlanPosition(self.epoch)))
+        return self._ahead
 
     def state_dict(self):
         """Where this loader stands: the epoch and the batches handed out in it (also after an

@@ -1,0 +1,78 @@
+"""An epoch's tasks on their way to the workers: who starts at once, who waits for the first
+batch, and the messages of an epoch that began while the one before it was still delivered.
+
+NOTE [next epoch ahead]
+    With known sample counts the loader knows which batch is an epoch's last.
+    When that batch is taken off the ready queue, every worker has its whole
+    part of the epoch made or under way, and the loader sends the next epoch's
+    tasks right behind (``FastLoader`` predicts it: epoch + 1, from its start).
+    Each worker takes its task as it finishes the epoch before, so the next
+    epoch's first batches are made while the training loop works on the last
+    ones, as DataLoader's prefetching does within an epoch. The iterator still
+    reading the earlier epoch keeps the later one's messages aside (``early``)
+    for the next ``iter()``. If that ``iter()`` asks for another epoch (after
+    ``set_epoch`` to another number, ``load_state_dict``, or an epoch left
+    unfinished), the workers that went ahead are stopped and new ones start,
+    as for any epoch left unfinished. The next epoch's first batch is made
+    together too (NOTE [first batch together] in ``worker.py``), its other
+    tasks held back as at any epoch's start.
+"""
+
+import time
+
+from .messages import BatchReady, EpochTask, WorkerDone, WorkerFailed
+
+__all__ = ["FIRST_BATCH_HOLD", "EpochStart"]
+
+FIRST_BATCH_HOLD = 1.0  # seconds the other workers wait for an epoch's first batch (NOTE [first batch together])
+
+
+class EpochStart:
+    """The tasks of ``plan`` (an ``EpochPlan``) for ``workers`` (``resources.Workers``), where
+    ``streams[w]`` are the streams worker w runs. The worker of the first batch gets its task
+    now, to make that batch with ``threads`` threads; the others get theirs when it is announced
+    (``note``) or ``FIRST_BATCH_HOLD`` seconds have passed (``tick``). ``early``: this epoch's
+    messages taken off the ready queue by the iterator of the epoch before (NOTE [next epoch
+    ahead])."""
+
+    def __init__(self, workers, plan, streams, threads):
+        self.workers, self.plan, self.streams = workers, plan, streams
+        self.early = []
+        # The first batch comes from the stream with the fewest batches made (the lowest number first).
+        first = min(range(plan.num_streams), key=lambda s: (plan.streams[s].skip_batches, s), default=None)
+        self.first_worker = next((w for w, mine in enumerate(streams) if first in mine), None)
+        self.deferred = {}  # worker -> its EpochTask, not sent yet
+        self.release_at = time.monotonic() + FIRST_BATCH_HOLD
+        for w, mine in enumerate(streams):
+            task = EpochTask(tuple(plan.streams[s] for s in mine), threads if w == self.first_worker else 1)
+            if w == self.first_worker or threads == 1:
+                workers.tasks[w].put(task)
+            else:
+                self.deferred[w] = task
+
+    @property
+    def epoch(self):
+        return self.plan.epoch
+
+    def note(self, message):
+        """A message of this epoch arrived: the first batch's announcement (or its worker's end or
+        failure) sends the tasks held back."""
+        if self.deferred and message.worker == self.first_worker and isinstance(
+                message, (BatchReady, WorkerDone, WorkerFailed)):
+            self.release()
+
+    def tick(self):
+        """Send the tasks held back once ``FIRST_BATCH_HOLD`` seconds have passed."""
+        if self.deferred and time.monotonic() >= self.release_at:
+            self.release()
+
+    def wait(self, longest):
+        """How long a wait for messages may last, at most ``longest`` seconds, before ``tick``."""
+        return longest if not self.deferred else max(0.0, min(longest, self.release_at - time.monotonic()))
+
+    def release(self):
+        """Send the tasks held back for the first batch (NOTE [first batch together])."""
+        deferred, self.deferred = self.deferred, {}
+        if not self.workers.broken:
+            for w, task in deferred.items():
+                self.workers.tasks[w].put(task)
