@@ -1,6 +1,10 @@
 """FastLoader's first batches as a fresh process meets them: a new interpreter that imports torch
 and wdsmp as a training script does, builds a loader and times its first batch (from
-construction) and the first batch of its second epoch (from ``iter()``, workers kept).
+construction) and the first batch of its second epoch (from ``iter()``, workers kept), after
+an epoch taken as fast as it comes ("new epoch": nothing to overlap, the workers make the
+first batch as the loop waits), and of its third, after an epoch whose loop trains
+:data:`STEP` seconds on each batch ("new epoch after training steps": the workers went ahead
+with it meanwhile, NOTE [next epoch ahead] in ``wdsmp/fast/epochstart.py``).
 
 The loader benchmark (``wdsmp.benchmark``) reports it as a row of its own, and
 ``benchmarks/bench_startup.py`` beside each part of start-up; both run :data:`SCRIPT`,
@@ -13,7 +17,9 @@ import subprocess
 import sys
 import tempfile
 
-__all__ = ["SCRIPT", "first_batches"]
+__all__ = ["SCRIPT", "STEP", "first_batches"]
+
+STEP = 0.25  # seconds of "training" on each batch in the third epoch: about a batch's making on 2 cores
 
 SCRIPT = """
 import json, sys, time
@@ -22,6 +28,7 @@ from wdsmp import FastLoader
 
 if __name__ == "__main__":
     index, batch_size, workers, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    step = float(sys.argv[5])
     start = time.perf_counter()
     loader = FastLoader(index, batch_size, num_workers=workers, image_size=size)
     built = time.perf_counter()
@@ -31,17 +38,24 @@ if __name__ == "__main__":
     for _ in batches:
         pass
     end = time.perf_counter()
+    batches = iter(loader)
+    next(batches)
+    tight = time.perf_counter() - end
+    for _ in batches:
+        time.sleep(step)
+    end = time.perf_counter()
     next(iter(loader))
-    again = time.perf_counter()
+    trained = time.perf_counter()
     loader.close()
     print(json.dumps({"construction": built - start, "first batch": first - start,
-                      "new epoch": again - end}))
+                      "new epoch": tight, "new epoch after training steps": trained - end}))
 """
 
 
 def first_batches(index, batch_size, workers, image_size, *, tree=None, timeout=600):
-    """``{"construction", "first batch", "new epoch": seconds}`` of a FastLoader over the corpus
-    ``index`` in a fresh interpreter; ``tree``: a checkout put first on its ``PYTHONPATH``."""
+    """``{"construction", "first batch", "new epoch", "new epoch after training steps": seconds}``
+    of a FastLoader over the corpus ``index`` in a fresh interpreter; ``tree``: a checkout put
+    first on its ``PYTHONPATH``."""
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH")) if p)
@@ -49,7 +63,8 @@ def first_batches(index, batch_size, workers, image_size, *, tree=None, timeout=
         script = os.path.join(directory, "train.py")
         with open(script, "w") as stream:
             stream.write(SCRIPT)
-        result = subprocess.run([sys.executable, script, index, str(batch_size), str(workers), str(image_size)],
+        result = subprocess.run([sys.executable, script, index, str(batch_size), str(workers), str(image_size),
+                                 str(STEP)],
                                 capture_output=True, text=True, timeout=timeout, env=env, cwd=directory)
     if result.returncode != 0:
         raise RuntimeError(f"the fresh-process loader failed:\n{result.stderr[-3000:]}")
