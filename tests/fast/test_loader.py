@@ -819,3 +819,16 @@ def test_a_worker_dead_after_its_part_of_an_epoch_fails_the_next(shards):
         assert len(keys) == SHARDS * PER_SHARD // 4 * 4
         with pytest.raises(WorkerError, match="died with signal SIGKILL"):
             _keys(loader)
+
+
+def test_set_epoch_to_the_current_epoch_during_it(shards):
+    """set_epoch(e) while epoch e runs asks for e again: nothing goes ahead as e + 1, and the
+    repeated epoch is e's."""
+    _, index, _ = shards
+    with _loader(index, keys=True, seed=5, timeout=60) as loader:
+        loader.set_epoch(2)
+        keys = []
+        for batch in loader:
+            keys += batch.keys
+            loader.set_epoch(2)
+        assert _keys(loader)[0] == keys and loader.epoch == 3

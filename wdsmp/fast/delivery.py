@@ -73,9 +73,9 @@ class EpochIterator:
     ``epochstart.EpochStart``) sent the workers their tasks, and holds some back until the
     first batch is announced; ``start.streams[w]`` are the streams worker w runs (interleaved
     in this same order). ``ahead``: a weak reference (``weakref.WeakMethod``) to the loader's
-    function that, called once the epoch's last batch is taken off the queue, sends the next
-    epoch's tasks and returns their ``EpochStart``, or None (NOTE [next epoch ahead] in
-    ``epochstart.py``).
+    function that, called with this epoch's number once its last batch is taken off the queue,
+    sends the next epoch's tasks and returns their ``EpochStart``, or None (NOTE [next epoch
+    ahead] in ``epochstart.py``).
 
     Its collaborators, all the loader's: ``resources`` (``resources.LoaderResources``: the ring
     and whether the loader is still open), ``slots`` (``batches.SlotTensors``: a message's slot
@@ -151,7 +151,7 @@ class EpochIterator:
         self.stats.add_batch(message, perf_counter_ns() - waiting, self.plan.epoch)
         if self.ahead is not None and self._last_batch_delivered():
             method, self.ahead = self.ahead(), None  # NOTE [next epoch ahead] in epochstart.py
-            self.next_start = None if method is None else method()
+            self.next_start = None if method is None else method(self.plan.epoch)
         return message
 
     def _last_batch_delivered(self):

@@ -289,12 +289,14 @@ class FastLoader:
         threads = min(self.num_workers, len(os.sched_getaffinity(0)))
         return EpochStart(workers, plan, streams_of_workers(plan.num_streams, self.num_workers), threads)
 
-    def _next_epoch_ahead(self):
-        """Send the workers the next epoch's tasks now, as the last batch of this one is delivered;
-        its ``EpochStart`` (NOTE [next epoch ahead] in ``epochstart.py``)."""
+    def _next_epoch_ahead(self, current):
+        """Send the workers the next epoch's tasks now, as the last batch of epoch ``current`` is
+        delivered; its ``EpochStart``, or None where none can go ahead (NOTE [next epoch ahead]
+        in ``epochstart.py``)."""
         workers = self._resources.workers
-        if self._resume is not None or workers is None or workers.broken or self._resources.closed:
-            return None
+        if (self._resume is not None or self.epoch == current or workers is None or workers.broken
+                or self._resources.closed):
+            return None  # a loaded state, or set_epoch back to this very epoch, comes next
         self._ahead = self._start_epoch(workers, self.plan(PlanPosition(self.epoch)))
         return self._ahead
 
