@@ -8,7 +8,9 @@ limits every row to the region's columns (the others are entropy-decoded only),
 and decoding stops after the region's last row, so the rows below it are never
 read at all. FastLoader's train crops cover about half an image, so about half
 of the inverse DCT, upsampling and colour conversion, and part of the entropy
-decoding, is skipped (benchmarks/bench_kernels.py measures it).
+decoding, is skipped (benchmarks/bench_kernels.py measures it). ``decode("pil")``'s
+lazy JPEG images (``wdsmp/_lazyjpeg.py``) decode the region a crop or a resize reads
+with ``decode_region_into``, at full size, into the whole image's layout.
 
 Built only where libjpeg-turbo 2.1 or later and its headers are found (see
 setup.py; earlier releases have bugs in ``jpeg_skip_scanlines``); without it
