@@ -26,21 +26,35 @@ pixels, with a margin. The region's pixels equal a whole decode's
 treats differently; the rows libjpeg-turbo skips are exact);
 tests/test_lazyjpeg.py checks both against Pillow's own decode.
 
+NOTE [damage past the region]: a region decode stops at the region's last row,
+so it never sees damage in the data below it, where a whole decode (Pillow's,
+webdataset's) would. libjpeg-turbo meets such damage in one of two ways: a
+corrupt Huffman code or data ending early is a warning, after which it goes
+on, so the rows above come out as in an undamaged file, the same in both; a
+marker where image data should be (a corrupt byte makes 0xFF followed by
+other than 0x00 or a restart marker) is an error Pillow raises. So only JPEGs
+whose image data holds no such marker (:func:`one_clean_scan`, a byte scan)
+are lazy, and the region decoder refuses a region whose own data warns (the
+whole decode then decides): a damaged file gives a region only where Pillow
+gives the same pixels, and an error only where Pillow raises one.
+
 What a caller can tell: ``type(image)`` is this class until the pixels are
 first read (``isinstance(image, PIL.Image.Image)`` always holds), and so is
-``repr``'s class name. Errors in the JPEG's data past the header (it is
-checked to end with its end-of-image marker, so a file cut short is decoded at
-once, as before) are raised where the pixels are first read rather than by
-``decode``. Needs Pillow 11.2 or later (images over shared memory, and
+``repr``'s class name. A JPEG whose image data is damaged but holds no marker
+decodes (its whole image, where Pillow would) when its pixels are first read;
+the rare damage the marker scan cannot see that still makes libjpeg-turbo fail
+is raised there, not by ``decode``. Needs Pillow 11.2 or later (images over shared memory, and
 ``Image.im`` a property, as it is since 11.0).
 """
+
+import re
 
 import PIL.Image
 
 from . import native
 from .imagesize import MAX_PIXELS, MAX_SIDE
 
-__all__ = ["LazyJpegImage", "crop_region", "resize_region"]
+__all__ = ["LazyJpegImage", "crop_region", "one_clean_scan", "resize_region"]
 
 # Resampling filters and the support of their kernels (Pillow's Resample.c); others decode whole.
 _SUPPORT = {
@@ -58,6 +72,29 @@ _MARGIN = 2
 # image is decoded once (a crop covering most of the image gains little, and several crops of one
 # image would cost more than one whole decode).
 _REGION_SHARE = 0.75
+
+
+# In a scan's entropy-coded data, 0xFF is followed by a stuffed 0x00 or a restart marker's 0xD0-0xD7.
+_MARKER_IN_SCAN = re.compile(rb"\xff[^\x00\xd0-\xd7]")
+
+
+def one_clean_scan(data):
+    """Whether a JPEG's image data is one scan that runs from its only start-of-scan marker
+    to the end-of-image marker that ends the file, with no other marker in it (NOTE [damage past
+    the region])."""
+    pos, end = 2, len(data)
+    while pos + 4 <= end and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        if marker == 0xFF:  # a fill byte
+            pos += 1
+        elif marker == 0x01 or 0xD0 <= marker <= 0xD9:  # no marker without a length belongs here
+            return False
+        elif marker == 0xDA:
+            start = pos + 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+            return bytes(data[end - 2:]) == b"\xff\xd9" and _MARKER_IN_SCAN.search(data, start, end - 2) is None
+        else:
+            pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
+    return False
 
 
 def _box4(box):
@@ -86,12 +123,12 @@ def resize_region(size, out_size, resample, box):
     """``(top, left, bottom, right)``: a region holding every pixel ``Image.resize(out_size,
     resample, box)`` of an RGB image of ``size`` reads (NOTE [region geometry]); None for a
     call it cannot bound (no box, a filter of unknown support, arguments Pillow refuses)."""
-    support = _SUPPORT.get(PIL.Image.Resampling.BICUBIC if resample is None else resample)
-    box = _box4(box) if box is not None else None
     try:
+        support = _SUPPORT.get(PIL.Image.Resampling.BICUBIC if resample is None else resample)
         out_width, out_height = (int(v) for v in out_size)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # Pillow's own resize says what is wrong
         return None
+    box = _box4(box) if box is not None else None
     if support is None or box is None or out_width < 1 or out_height < 1:
         return None
     x0, y0, x1, y1 = box

@@ -75,14 +75,19 @@ def jpeg_image(data, mode, budget, lazy=False):
 
 def _regions_decodable(data, info):
     """Whether an RGB JPEG with header ``info`` may be decoded a region at a time: a baseline
-    (sequential) one, whole (it ends with its end-of-image marker: a file cut short is left
-    to the whole decode, so that its error comes from ``decode``), where the region decoder
-    is built and Pillow builds images over shared memory and decodes an image on ``im``."""
+    (sequential) one whose image data is one scan with no marker in it, up to the end-of-image
+    marker that ends the file (a file cut short, or damaged into markers, is decoded whole at
+    once, so that its error comes from ``decode``: NOTE [damage past the region]), where the
+    region decoder is built and Pillow builds images over shared memory and decodes an image
+    on ``im``."""
     import PIL.Image
 
-    return ("progressive" not in info and bytes(data[-2:]) == b"\xff\xd9"
-            and native.jpeg_region_module() is not None and hasattr(PIL.Image, "fromarrow")
-            and isinstance(vars(PIL.Image.Image).get("im"), property))
+    if ("progressive" in info or native.jpeg_region_module() is None or not hasattr(PIL.Image, "fromarrow")
+            or not isinstance(vars(PIL.Image.Image).get("im"), property)):
+        return False
+    from ._lazyjpeg import one_clean_scan
+
+    return one_clean_scan(data)
 
 
 def _decoded_jpeg(data, source, mode, size, info):
