@@ -69,8 +69,9 @@ _SUPPORT = {
 # pixel out, and its float centres may land a hair further.
 _MARGIN = 2
 # Regions are decoded while they add up to less than this share of the image; past it the whole
-# image is decoded once (a crop covering most of the image gains little, and several crops of one
-# image would cost more than one whole decode).
+# image is decoded once. On the benchmark corpus a region of 75% of the image still took 0.93x a
+# whole decode's time and one of 90% about as long (the rows above a region are entropy-decoded
+# too), and several crops of one image must not cost more than one whole decode.
 _REGION_SHARE = 0.75
 
 
