@@ -20,9 +20,14 @@ its size limits) is read by ``PIL.Image.open``, every conversion (an RGB
 JPEG to ``L`` or ``RGBA``) is Pillow's, and CMYK/YCCK files, files libjpeg-turbo
 warns about (damaged, cut short) and other formats are decoded by Pillow as
 before. Images over shared memory are read-only in Pillow's sense (an
-in-place change copies them first), the one difference a caller can see.
+in-place change copies them first). An RGB image of a baseline JPEG for the
+``"pil"`` specs is lazy (``_lazyjpeg.py``): decoded by this same path when its
+pixels are first read, or a region at a time for a crop or a resize that reads
+only part of it, with the same result; until then its class is a subclass of
+Pillow's.
 """
 
+import functools
 import io
 
 import numpy as np
@@ -36,11 +41,13 @@ _PIL_MODES = {"l": "L", "rgb": "RGB", "rgba": "RGBA"}
 _JPEG_COLORSPACES = {"rgb": "RGB", "rgba": "RGBA"}
 
 
-def jpeg_image(data, mode, budget):
+def jpeg_image(data, mode, budget, lazy=False):
     """A Pillow image in ``mode`` (``"RGB"``, ``"L"`` or ``"RGBA"``) of JPEG bytes, the same as
     Pillow's open, load and convert give, decoded by libjpeg-turbo into the image's memory
     (NOTE [same pixels]); None to leave it to Pillow. ImageTooLarge, before anything is
-    decoded, for more than ``budget`` pixels."""
+    decoded, for more than ``budget`` pixels. ``lazy``: an RGB image of a baseline JPEG is a
+    ``wdsmp._lazyjpeg.LazyJpegImage``, decoded when its pixels are first read, a crop's or a
+    resize's region alone where that is all they read (NOTE [region geometry] there)."""
     size = jpeg_size(data)
     if size is None:
         return None
@@ -57,6 +64,36 @@ def jpeg_image(data, mode, budget):
         return None
     if source not in ("RGB", "L"):
         return None
+    if lazy and mode == "RGB" and source == "RGB" and _regions_decodable(data, info):
+        from ._lazyjpeg import LazyJpegImage
+
+        whole = functools.partial(_whole_rgb_image, data, (width, height), info, budget)
+        return LazyJpegImage(data, (width, height), dict(info), whole)
+    image = _decoded_jpeg(data, source, mode, (width, height), info)
+    return image if image is None or image.mode == mode else image.convert(mode)
+
+
+def _regions_decodable(data, info):
+    """Whether an RGB JPEG with header ``info`` may be decoded a region at a time: a baseline
+    (sequential) one whose image data is one scan with no marker in it, up to the end-of-image
+    marker that ends the file (a file cut short, or damaged into markers, is decoded whole at
+    once, so that its error comes from ``decode``: NOTE [damage past the region]), where the
+    region decoder is built and Pillow builds images over shared memory and decodes an image
+    on ``im``."""
+    import PIL.Image
+
+    if ("progressive" in info or native.jpeg_region_module() is None or not hasattr(PIL.Image, "fromarrow")
+            or not isinstance(vars(PIL.Image.Image).get("im"), property)):
+        return False
+    from ._lazyjpeg import one_clean_scan
+
+    return one_clean_scan(data)
+
+
+def _decoded_jpeg(data, source, mode, size, info):
+    """The JPEG's pixels, decoded whole by libjpeg-turbo, as a Pillow image over them: ``L``
+    for a grayscale JPEG wanted in ``mode`` ``"L"``, else ``RGB``; None to leave it to Pillow."""
+    width, height = size
     gray = source == "L" and mode == "L"
     pixels = np.empty((height, width) if gray else (height, width, 4), np.uint8)
     import simplejpeg
@@ -68,10 +105,15 @@ def jpeg_image(data, mode, budget):
     if decoded.shape[:2] != (height, width):
         return None
     image = native.pil_image_module().pil_image(pixels, "L" if gray else "RGB")
-    if image is None:
-        return None
-    image.info = dict(info)
-    return image if image.mode == mode else image.convert(mode)
+    if image is not None:
+        image.info = dict(info)
+    return image
+
+
+def _whole_rgb_image(data, size, info, budget):
+    """A lazy image's whole decode: the RGB image of an RGB JPEG that ``decode_image`` gives."""
+    image = _decoded_jpeg(data, "RGB", "RGB", size, info)
+    return _pil_image(data, "RGB", budget) if image is None else image
 
 
 def _jpeg_pixels(data, mode, budget):
@@ -111,7 +153,7 @@ def decode_image(data, atype, etype, mode, budget):
     an image of more than ``budget`` pixels, before it is decoded."""
     target = _PIL_MODES[mode]
     if atype == "pil":
-        image = jpeg_image(data, target, budget)
+        image = jpeg_image(data, target, budget, lazy=True)
         return _pil_image(data, target, budget) if image is None else image
     if mode == "l":  # Pillow's RGB to L formula, not libjpeg-turbo's luma
         image = jpeg_image(data, target, budget)

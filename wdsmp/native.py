@@ -108,7 +108,8 @@ def jpeg_region_module():
     None when ``WDSMP_PUREPYTHON=1`` or when it is not built (wdsmp was built
     without libjpeg-turbo's headers: a one-time warning says so); FastLoader
     then decodes whole JPEGs with simplejpeg. It has no pure-Python twin and is
-    not part of :func:`native_available`'s native core.
+    not part of :func:`native_available`'s native core. ``decode("pil")`` images of JPEGs
+    then decode whole, never a crop's region alone (``wdsmp/_lazyjpeg.py``).
     """
     if _env.pure_python():
         return None

@@ -8,7 +8,9 @@ limits every row to the region's columns (the others are entropy-decoded only),
 and decoding stops after the region's last row, so the rows below it are never
 read at all. FastLoader's train crops cover about half an image, so about half
 of the inverse DCT, upsampling and colour conversion, and part of the entropy
-decoding, is skipped (benchmarks/bench_kernels.py measures it).
+decoding, is skipped (benchmarks/bench_kernels.py measures it). ``decode("pil")``'s
+lazy JPEG images (``wdsmp/_lazyjpeg.py``) decode the region a crop or a resize reads
+with ``decode_region_into``, at full size, into the whole image's layout.
 
 Built only where libjpeg-turbo 2.1 or later and its headers are found (see
 setup.py; earlier releases have bugs in ``jpeg_skip_scanlines``); without it
@@ -35,8 +37,9 @@ cdef extern from "jpegregion.h":
     ctypedef struct jpegregion_state:
         pass
     int jpegregion_start(jpegregion_state* s, const unsigned char* data, size_t size, int scale_num,
-                         int top, int height, int* left, int* width,
+                         int top, int height, int* left, int* width, int rgbx, int exact,
                          unsigned long long max_side, unsigned long long max_pixels) nogil
+    void jpegregion_image_size(const jpegregion_state* s, int* height, int* width) nogil
     int jpegregion_read(jpegregion_state* s, int top, int height, unsigned char* out, size_t pitch) nogil
     const char* jpegregion_message(const jpegregion_state* s) nogil
     void jpegregion_destroy(jpegregion_state* s) nogil
@@ -80,7 +83,8 @@ def decode_region(const unsigned char[:] data not None, int scale_num, int top, 
     memset(&state, 0, sizeof(state))
     try:
         with nogil:
-            rc = jpegregion_start(&state, src, size, scale_num, top, height, &left, &width, max_side, max_pixels)
+            rc = jpegregion_start(&state, src, size, scale_num, top, height, &left, &width, 0, 0,
+                                  max_side, max_pixels)
         if rc != 0:
             raise ValueError(jpegregion_message(&state).decode("utf-8", "replace"))
         pixels = np.empty((height, width, 3), np.uint8)
@@ -92,3 +96,47 @@ def decode_region(const unsigned char[:] data not None, int scale_num, int top, 
     finally:
         jpegregion_destroy(&state)
     return pixels, top, left
+
+
+def decode_region_into(const unsigned char[:] data not None, uint8_t[:, :, ::1] out not None, int top, int left,
+                       int height, int width, *, unsigned long long max_side, unsigned long long max_pixels):
+    """Decode rows ``[top, top + height)`` and columns ``[left, left + width)`` of a JPEG, at
+    full size, as RGBX (the fourth byte 255) into ``out``, an ``H x W x 4`` uint8 array of the
+    whole image's size, each pixel in its own place; returns ``(left, width)``, the columns
+    written (a few more than asked for).
+
+    Every pixel asked for equals a whole decode's (the accurate integer IDCT and fancy
+    upsampling, as simplejpeg's ``RGBX`` decode): the columns are widened by one iMCU on each
+    side that is not the image's edge before libjpeg-turbo crops the rows (fancy upsampling
+    may make the first and last column of a cropped row differ), then moved out to iMCU
+    boundaries. Nothing of ``out`` outside those rows and columns is written, so the pixels
+    of a whole-image layout that a caller reads only there need no other decoding.
+
+    Raises ValueError as :func:`decode_region` does, and when ``out`` is not the image's size.
+    """
+    if top < 0 or left < 0 or height < 1 or width < 1:
+        raise ValueError(f"region (top={top}, left={left}, height={height}, width={width}) is empty or negative")
+    if data.shape[0] == 0:
+        raise ValueError("the JPEG data is empty")
+    if out.shape[2] != 4:
+        raise ValueError(f"out must be H x W x 4, not {out.shape[0]} x {out.shape[1]} x {out.shape[2]}")
+    cdef jpegregion_state state
+    cdef const unsigned char* src = &data[0]
+    cdef size_t size = data.shape[0]
+    cdef int rc, image_height, image_width
+    memset(&state, 0, sizeof(state))
+    try:
+        with nogil:
+            rc = jpegregion_start(&state, src, size, 8, top, height, &left, &width, 1, 1, max_side, max_pixels)
+        if rc != 0:
+            raise ValueError(jpegregion_message(&state).decode("utf-8", "replace"))
+        jpegregion_image_size(&state, &image_height, &image_width)
+        if out.shape[0] != image_height or out.shape[1] != image_width:
+            raise ValueError(f"out is {out.shape[1]}x{out.shape[0]}, the JPEG image {image_width}x{image_height}")
+        with nogil:
+            rc = jpegregion_read(&state, top, height, &out[top, left, 0], <size_t>image_width * 4)
+        if rc != 0:
+            raise ValueError(jpegregion_message(&state).decode("utf-8", "replace"))
+    finally:
+        jpegregion_destroy(&state)
+    return left, width

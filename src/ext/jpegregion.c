@@ -22,13 +22,13 @@ static void jpegregion_emit_message(j_common_ptr cinfo, int level)
 }
 
 int jpegregion_start(jpegregion_state* s, const unsigned char* data, size_t size,
-                     int scale_num, int top, int height, int* left, int* width,
+                     int scale_num, int top, int height, int* left, int* width, int rgbx, int exact,
                      unsigned long long max_side, unsigned long long max_pixels)
 {
     struct jpeg_decompress_struct* cinfo = &s->cinfo;
     jpeg_component_info* comp;
     JDIMENSION xoffset, xwidth;
-    int ci, k, h, v;
+    int ci, k, h, v, imcu, right;
     if (setjmp(s->err.jump))
         return -1;
     cinfo->err = jpeg_std_error(&s->err.pub);
@@ -73,12 +73,15 @@ int jpegregion_start(jpegregion_state* s, const unsigned char* data, size_t size
             return -1;
         }
     }
-    cinfo->out_color_space = JCS_RGB;  /* grayscale sources are expanded by libjpeg-turbo */
+    /* grayscale sources are expanded by libjpeg-turbo; RGBX's fourth byte is 255 */
+    cinfo->out_color_space = rgbx ? JCS_EXT_RGBX : JCS_RGB;
     cinfo->scale_num = (unsigned)scale_num;
     cinfo->scale_denom = 8;
     cinfo->dct_method = JDCT_ISLOW;  /* simplejpeg's defaults: accurate IDCT, fancy upsampling */
     cinfo->do_fancy_upsampling = TRUE;
     jpeg_calc_output_dimensions(cinfo);
+    s->scaled_height = (int)cinfo->output_height;
+    s->scaled_width = (int)cinfo->output_width;
     if ((long long)top + height > (long long)cinfo->output_height
             || (long long)*left + *width > (long long)cinfo->output_width) {
         snprintf(s->err.message, sizeof s->err.message,
@@ -91,9 +94,9 @@ int jpegregion_start(jpegregion_state* s, const unsigned char* data, size_t size
         snprintf(s->err.message, sizeof s->err.message, "libjpeg could not start decompressing");
         return -1;
     }
-    if (cinfo->output_components != 3) {
-        snprintf(s->err.message, sizeof s->err.message, "libjpeg gave %d channels, not RGB",
-                 cinfo->output_components);
+    if (cinfo->output_components != (rgbx ? 4 : 3)) {
+        snprintf(s->err.message, sizeof s->err.message, "libjpeg gave %d channels, not %s",
+                 cinfo->output_components, rgbx ? "RGBX" : "RGB");
         return -1;
     }
     /* A progressive JPEG has been read whole by now; coef_bits says, per component and
@@ -110,6 +113,19 @@ int jpegregion_start(jpegregion_state* s, const unsigned char* data, size_t size
                              "its blocks would be smoothed", ci, k);
                     return -1;
                 }
+    }
+    /* Fancy upsampling may make the first and last column of a cropped row differ from a whole
+       decode's: exact widens the crop by one iMCU on each side that is not the image's edge, so
+       that both lie outside the columns asked for. */
+    if (exact) {
+#if JPEG_LIB_VERSION >= 70
+        imcu = cinfo->max_h_samp_factor * cinfo->min_DCT_h_scaled_size;
+#else
+        imcu = cinfo->max_h_samp_factor * cinfo->min_DCT_scaled_size;
+#endif
+        right = *left + *width + imcu;
+        *left = *left > imcu ? *left - imcu : 0;
+        *width = (right < (int)cinfo->output_width ? right : (int)cinfo->output_width) - *left;
     }
     if (*left > 0 || (JDIMENSION)*width < cinfo->output_width) {
         xoffset = (JDIMENSION)*left;
@@ -141,6 +157,12 @@ int jpegregion_read(jpegregion_state* s, int top, int height, unsigned char* out
         done++;
     }
     return 0;
+}
+
+void jpegregion_image_size(const jpegregion_state* s, int* height, int* width)
+{
+    *height = s->scaled_height;
+    *width = s->scaled_width;
 }
 
 const char* jpegregion_message(const jpegregion_state* s)
