@@ -55,7 +55,10 @@ def main():
     parser.add_argument("--images", type=int, default=512, help="samples per measurement (a multiple of 256)")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
+    import torch
     import webdataset
+
+    torch.set_num_threads(1)  # one core: the transform's tensor ops too, as in a DataLoader worker
 
     urls = open_corpus(args.corpus, 1).urls
     libraries = {"webdataset": webdataset, "wdsmp": wdsmp}
