@@ -477,7 +477,7 @@ def test_garbage_collection_stops_workers_and_frees_the_ring(shards):
     gc.collect()
     assert name not in os.listdir(SHM_DIR)
     psutil.wait_procs([psutil.Process(p) for p in pids if psutil.pid_exists(p)], timeout=5)
-    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    assert not any(_alive(p) for p in pids)
 
 
 def test_dead_worker_is_reported_within_seconds(shards):
@@ -553,10 +553,18 @@ def _run_child(tmp_path, index, how, new_session=False):
     return child, words[0], [int(p) for p in words[1:]]
 
 
+def _alive(pid):
+    """Whether ``pid`` runs (a zombie does not; one that exits while it is asked about does not)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def _gone(pids, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+        if not any(_alive(p) for p in pids):
             return True
         time.sleep(0.1)
     return False
