@@ -840,3 +840,23 @@ def test_set_epoch_to_the_current_epoch_during_it(shards):
             keys += batch.keys
             loader.set_epoch(2)
         assert _keys(loader)[0] == keys and loader.epoch == 3
+
+
+def test_a_clean_exit_leaves_nothing_in_dev_shm(shards, tmp_path):
+    """A script that closes its loader and exits, the loader still referenced: multiprocessing's
+    exit finalizers unlink the queues' semaphores, and the lock file naming them goes after."""
+    _, index, _ = shards
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import os, sys\n"
+        "from wdsmp import FastLoader\n"
+        "if __name__ == '__main__':\n"
+        f"    loader = FastLoader({index!r}, 4, num_workers=2, image_size=8)\n"
+        "    for epoch in range(2):\n"
+        "        for batch in loader:\n"
+        "            pass\n"
+        "    loader.close()\n"
+        "    print(os.getpid())\n")
+    pid = subprocess.run([sys.executable, str(script)], check=True, timeout=120, capture_output=True,
+                         text=True).stdout.split()[-1]
+    assert not [name for name in os.listdir(SHM_DIR) if f"-{pid}-" in name]

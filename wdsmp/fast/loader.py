@@ -217,7 +217,6 @@ class FastLoader:
         self.epoch = 0
         self._resume = None
         self._delivery = None  # the current epoch's DeliveryState (never its iterator: see there)
-        self._ahead = None  # the next epoch's EpochStart, when its tasks went ahead
 
     # -- epochs -------------------------------------------------------------------------
 
@@ -258,7 +257,6 @@ class FastLoader:
         self._resources.check_open()
         if self._delivery is not None:
             self._delivery.abandon()
-        ahead, self._ahead = self._ahead, None
         position = self._resume or PlanPosition(self.epoch)
         self._resume = None
         plan = self.plan(position)
@@ -268,10 +266,12 @@ class FastLoader:
             notice = plan.notice()
             if notice is not None:
                 warnings.warn(notice, stacklevel=2)
-        workers = self._resources.workers
-        if ahead is not None and (ahead.workers is not workers or workers.broken or ahead.plan != plan):
-            workers.shutdown()  # they went ahead with another epoch than this one
-            ahead = None
+        workers, ahead = self._resources.workers, None
+        if workers is not None and not workers.broken:
+            ahead, workers.ahead = workers.ahead, None
+            if ahead is not None and ahead.plan != plan:
+                workers.shutdown()  # they went ahead with another epoch than this one
+                ahead = None
         if workers is None or workers.broken:
             workers = self._resources.start_workers(self._config, self.num_workers, self.prefetch,
                                                     self._options.start_method)
@@ -297,8 +297,8 @@ class FastLoader:
         if (self._resume is not None or self.epoch == current or workers is None or workers.broken
                 or self._resources.closed):
             return None  # a loaded state, or set_epoch back to this very epoch, comes next
-        self._ahead = self._start_epoch(workers, self.plan(PlanPosition(self.epoch)))
-        return self._ahead
+        workers.ahead = self._start_epoch(workers, self.plan(PlanPosition(self.epoch)))
+        return workers.ahead
 
     def state_dict(self):
         """Where this loader stands: the epoch and the batches handed out in it (also after an

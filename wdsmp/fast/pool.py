@@ -51,7 +51,8 @@ NOTE [semaphore names]
     namespaces on one file system. The lock is taken before any semaphore
     exists, and checked to be still the file at its path (a sweep may remove
     a lock file made but not yet locked: a new token is tried then). A clean
-    exit removes the lock file when none of the semaphores is left.
+    exit removes the lock file when none of the semaphores is left, after
+    multiprocessing's exit finalizers unlinked those of queues still alive.
 
 NOTE [CPython internals]
     multiprocessing offers no public way to read the fork server's preload
@@ -72,11 +73,11 @@ NOTE [CPython internals]
     tests/fast/test_pool.py checks all three against the running Python.
 """
 
-import atexit
 import contextlib
 import errno
 import fcntl
 import multiprocessing
+import multiprocessing.util
 import os
 import pickle
 import pickletools
@@ -170,7 +171,9 @@ def _owner_key(directory):
             here, mine = os.stat(path), os.fstat(fd)
             if (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev):
                 _owner = (pid, key, fd)
-                atexit.register(_leave, directory, pid, key)
+                # After multiprocessing's own exit finalizers (priority 0), which unlink the
+                # semaphores of queues still alive at exit: then the lock file can go too.
+                multiprocessing.util.Finalize(None, _leave, (directory, pid, key), exitpriority=-1)
                 return key
         except (BlockingIOError, FileNotFoundError):
             pass  # a sweep took it for a dead owner's between its creation and the lock

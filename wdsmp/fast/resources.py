@@ -31,6 +31,7 @@ class Workers:
             for slot in range(w * prefetch, (w + 1) * prefetch):
                 queue.put(slot)
         self.broken = False
+        self.ahead = None  # the EpochStart of the epoch these workers went on with (NOTE [next epoch ahead])
         self.pool = _pool.WorkerPool(worker_main, [(w, config, self.tasks[w], self.free[w], self.ready,
                                                     self.stop_event) for w in range(num_workers)], ctx,
                                      main=_pool.refers_to_main(config))
@@ -39,7 +40,7 @@ class Workers:
         """NOTE [shutdown order], the workers' part. Idempotent; done even when interrupted."""
         if self.broken:
             return
-        self.broken = True
+        self.broken, self.ahead = True, None
         try:
             self.stop_event.set()
             for queue in self.tasks:

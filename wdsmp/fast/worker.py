@@ -22,13 +22,13 @@ NOTE [first batch together]
     to overlap it: made by one worker as the others make theirs, it takes a
     whole batch's decoding on one core. So the loader gives the other workers
     their plans only once that batch is announced (or after
-    ``delivery.FIRST_BATCH_HOLD`` seconds: a first batch slow for want of data, not of cores, holds nobody
-    long), and the worker making it decodes it with one thread per worker
-    (``EpochTask.threads``): on W cores it comes about W times sooner, and the
-    cores do the same work in all. The worker reads the batch's samples in
-    order, then fills their rows at once (decoding and resizing release the
-    GIL); a row whose sample failed is left out and the rows after it move
-    up, so the batch is the one a single thread makes, whatever the handler
+    ``epochstart.FIRST_BATCH_HOLD`` seconds: a first batch slow for want of
+    data, not of cores, holds nobody long), and the worker making it decodes it
+    with one thread per worker (``EpochTask.threads``): on W cores it comes
+    about W times sooner, and the cores do the same work in all. The worker
+    reads the batch's samples in order and hands each row to the next free
+    thread (decoding and resizing release the GIL); a row whose sample failed
+    is left out and the rows after it move up, so the batch is the one a single thread makes, whatever the handler
     does. Crops and flips are drawn from each sample's own generator, seeded
     by the stream's seed and the sample's place in the stream, so threads
     draw the same boxes in any order, and a resumed stream the same boxes as
@@ -323,7 +323,8 @@ class _Stream:
         stream ended)``."""
         items, clocks, jobs = [], [], []  # per row: (number in the stream, sample); its _FillClock; its future
 
-        def fill(row, sample, number, url, member):
+        def fill(row, url, member):
+            number, sample = items[row]
             start = perf_counter_ns()
             try:
                 return self._fill(arrays, row, sample, number, url, member, clocks[row]), None
@@ -340,7 +341,7 @@ class _Stream:
                     break
                 items.append((self.taken, sample))
                 clocks.append(_FillClock())
-                jobs.append(pool.submit(fill, len(jobs), sample, self.taken, self.where.url, self.where.member))
+                jobs.append(pool.submit(fill, len(jobs), self.where.url, self.where.member))
             outcomes = [job.result() for job in jobs]
         reading = self.clock.source_ns - reading  # counted as the source's: the rest is filling
         _FillClock.add_to(self.clock, clocks, perf_counter_ns() - start - reading)
