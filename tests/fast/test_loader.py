@@ -25,6 +25,7 @@ from wdsmp.fast.ring import SHM_DIR
 from wdsmp.shardindex import write_index
 
 from ..conftest import tar_bytes
+from .workerfns import add_double, below_forty, keep_even, label_plus_one, note_read, raise_on_seven
 
 SHARDS, PER_SHARD = 3, 23  # 69 samples: batches of 4 leave remainders on purpose
 SIZE = 24
@@ -307,18 +308,6 @@ def test_an_empty_shard_among_others_adds_nothing(shards, tmp_path, num_workers)
     assert sum(sizes) == PER_SHARD and all(size <= 4 for size in sizes)
 
 
-def keep_even(sample):
-    return int(sample["cls"]) % 2 == 0
-
-
-def add_double(sample):
-    return dict(sample, double=str(2 * int(sample["cls"])).encode())
-
-
-def label_plus_one(sample):
-    return int(sample["cls"]) + 1
-
-
 def test_stages_fields_and_label_functions(shards):
     _, index, labels = shards
     with _loader(index, keys=True, num_workers=1, shuffle=False, policy="pad", label=label_plus_one,
@@ -333,10 +322,6 @@ def test_stages_fields_and_label_functions(shards):
                 assert vec.tolist() == [value, -value] and int(double) == 2 * value
                 assert txt.tolist() == [value, 1.5]
         assert loader.stats["padded"] > 0  # the select stage dropped half: rows repeat (NOTE [full batches])
-
-
-def below_forty(sample):
-    return int(sample["cls"]) < 40
 
 
 def test_whole_batches_lost_to_a_stage_repeat_the_last_good_sample(shards):
@@ -402,7 +387,6 @@ def test_resume_gives_exactly_the_rest(shards):
         loader.load_state_dict(state)
         rest = _keys(loader)[0]
     assert head + rest == whole
-
 
 
 @pytest.mark.parametrize("exact", [True, False])
@@ -636,13 +620,6 @@ def test_a_skipped_last_sample_does_not_lose_its_slot(shards):
             assert [batch.count for batch in loader] == [11, 11]
 
 
-def raise_on_seven(samples):
-    for sample in samples:
-        if sample["__key__"].endswith("007"):
-            raise ValueError("stage failure")
-        yield sample
-
-
 def test_a_failing_stage_ends_the_stream_loudly(shards):
     urls, _, _ = shards
     with pytest.warns(UserWarning, match="a stage raised ValueError: stage failure; the rest of stream 0 of epoch 0 in worker 0"):
@@ -754,12 +731,6 @@ def test_a_resumed_epoch_draws_the_crops_of_an_uninterrupted_one(shards):
         rest_keys, rest = _epoch(loader)
     assert rest_keys == keys[20:]
     assert torch.equal(torch.cat(head + [rest]), pixels)
-
-
-def note_read(path, sample):
-    with open(path, "a") as stream:
-        stream.write(sample["__key__"] + "\n")
-    return sample
 
 
 def _lines(path):

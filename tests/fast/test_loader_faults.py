@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import warnings
 
@@ -19,6 +18,7 @@ import simplejpeg
 import wdsmp
 from wdsmp.errors import WorkerError
 from wdsmp.fast.loader import FastLoader
+from .workerfns import deadlock_at_six, none_at_five, out_of_range, sleep_a_second, three_point_seven
 
 SIZE = 16
 PER_SHARD = 24
@@ -60,11 +60,6 @@ def _gone(pid, timeout=10):
 
 
 # -- stages that yield None
-
-
-def none_at_five(samples):
-    for sample in samples:
-        yield None if sample["__key__"] == "k/005" else sample
 
 
 def test_a_stage_yielding_none_is_an_error_naming_the_stage_shard_and_member(shard):
@@ -114,14 +109,6 @@ def test_a_stale_count_is_a_warning_naming_the_shard_and_both_counts(shard, tmp_
 # -- labels and fields that do not fit
 
 
-def three_point_seven(sample):
-    return 3.7
-
-
-def out_of_range(sample):
-    return [300, -1, 1.9e10, float("nan")]
-
-
 @pytest.mark.parametrize("kw, member, message", [
     (dict(label=three_point_seven), "k/000", r"label function 'three_point_seven': 3.7 is not an integer"),
     (dict(label=None, fields={"small": (out_of_range, (4,), "uint8")}), "k/000",
@@ -139,15 +126,6 @@ def test_labels_and_fields_are_never_cast(tmp_path, kw, member, message):
 
 
 # -- workers that stall, and workers that are only slow
-
-
-def deadlock_at_six(samples):
-    for sample in samples:
-        if sample["__key__"] == "k/006":
-            lock = threading.Lock()
-            lock.acquire()
-            lock.acquire()  # for ever
-        yield sample
 
 
 @pytest.mark.parametrize("how", ["SIGSTOP", "deadlock"])
@@ -169,12 +147,6 @@ def test_a_stalled_worker_is_killed_and_named_with_its_shard(shard, how):
     if how == "SIGSTOP":
         with _loader([(shard, PER_SHARD)], prefetch=1, stall_timeout=2) as loader:
             assert len(list(loader)) == len(loader)  # a worker waiting for slots is alive
-
-
-def sleep_a_second(samples):
-    for sample in samples:
-        time.sleep(1.0)
-        yield sample
 
 
 @pytest.mark.processes

@@ -1,0 +1,67 @@
+"""Stages, label and field functions the FastLoader tests hand to workers.
+
+A worker unpickles a function by importing the module that defines it; the test modules
+import torch (through ``wdsmp.fast.loader``), which costs each worker about two seconds,
+while this module imports nothing a worker does not already have.
+"""
+
+import threading
+import time
+
+
+def keep_even(sample):
+    return int(sample["cls"]) % 2 == 0
+
+
+def add_double(sample):
+    return dict(sample, double=str(2 * int(sample["cls"])).encode())
+
+
+def label_plus_one(sample):
+    return int(sample["cls"]) + 1
+
+
+def below_forty(sample):
+    return int(sample["cls"]) < 40
+
+
+def raise_on_seven(samples):
+    for sample in samples:
+        if sample["__key__"].endswith("007"):
+            raise ValueError("stage failure")
+        yield sample
+
+
+def note_read(path, sample):
+    """Append the sample's key to the file at ``path``: which samples a worker read, and when."""
+    with open(path, "a") as stream:
+        stream.write(sample["__key__"] + "\n")
+    return sample
+
+
+def none_at_five(samples):
+    for sample in samples:
+        yield None if sample["__key__"] == "k/005" else sample
+
+
+def three_point_seven(sample):
+    return 3.7
+
+
+def out_of_range(sample):
+    return [300, -1, 1.9e10, float("nan")]
+
+
+def deadlock_at_six(samples):
+    for sample in samples:
+        if sample["__key__"] == "k/006":
+            lock = threading.Lock()
+            lock.acquire()
+            lock.acquire()  # for ever
+        yield sample
+
+
+def sleep_a_second(samples):
+    for sample in samples:
+        time.sleep(1.0)
+        yield sample
