@@ -287,3 +287,45 @@ def test_the_twins_and_cut_jpegs_decode_eagerly(monkeypatch):
     monkeypatch.setenv("WDSMP_PUREPYTHON", "1")
     image = autodecode.imagehandler("pil")(".jpg", data)
     assert type(image) is PIL.Image.Image and image == pillows(data)
+
+
+@needs_regions
+def test_threads_using_one_lazy_image_at_once_get_pillows_results():
+    """NOTE [threads]: crops, resizes and whole reads of one image from several threads at once
+    all give webdataset's results, whichever thread makes it a plain image."""
+    import threading
+
+    data = pillow_jpeg(photo(300, 400, seed=6), quality=90)
+    reference = pillows(data)
+    uses = {
+        "crop": lambda im: im.crop((50, 40, 350, 260)),
+        "resize": lambda im: im.resize((32, 32), box=(0, 0, 300, 250)),
+        "asarray": np.asarray,
+        "getpixel": lambda im: im.getpixel((5, 7)),
+    }
+    expected = {name: np.asarray(use(reference)) for name, use in uses.items()}
+    failures = []
+
+    def run(image, name, start):
+        start.wait(timeout=60)
+        try:
+            if not np.array_equal(np.asarray(uses[name](image)), expected[name]):
+                failures.append(name)
+        except Exception as exn:  # noqa: BLE001 (every failure is reported below)
+            failures.append(f"{name}: {exn!r}")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        for names in [("crop", "asarray"), ("resize", "crop", "getpixel"), ("asarray", "asarray")] * 10 + [("crop", "crop")] * 10:
+            image = lazy(data)
+            start = threading.Barrier(len(names))
+            threads = [threading.Thread(target=run, args=(image, name, start)) for name in names]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=60)
+            assert not failures, (names, failures)
+            assert type(image) is PIL.Image.Image and image == reference, "the regions kept to their share"
+    finally:
+        sys.setswitchinterval(interval)
