@@ -329,3 +329,36 @@ def test_threads_using_one_lazy_image_at_once_get_pillows_results():
             assert type(image) is PIL.Image.Image and image == reference, "the regions kept to their share"
     finally:
         sys.setswitchinterval(interval)
+
+
+def overflowing_huffman_table(data):
+    """``data`` with its first Huffman table made impossible (three codes of one bit) and no byte
+    moved: ``PIL.Image.open`` reads the file, libjpeg-turbo refuses the table when it starts decoding."""
+    at = data.index(b"\xff\xc4") + 5  # past the marker, the length and the table's class and id
+    counts = bytearray(data[at:at + 16])  # how many codes have 1, 2, ... 16 bits
+    assert counts[2] >= 3
+    counts[0] += 3
+    counts[2] -= 3
+    return data[:at] + bytes(counts) + data[at + 16:]
+
+
+@needs_regions
+def test_damaged_tables_fail_in_decode_as_pillows_load_fails():
+    """Damage before the image data that only libjpeg-turbo sees fails in ``decode``, as webdataset's
+    ``load`` does, not at the first use of a lazy image."""
+    from wdsmp import _jpegregion
+
+    data = pillow_jpeg(photo(40, 60, seed=3), quality=90)
+    bad = overflowing_huffman_table(data)
+    _jpegregion.check_start(data, **LIMITS)
+    with pytest.raises(ValueError, match="Huffman"):
+        _jpegregion.check_start(bad, **LIMITS)
+    with PIL.Image.open(io.BytesIO(bad)) as header:
+        assert header.size == (60, 40)
+    with pytest.raises(OSError) as theirs:
+        pillows(bad)
+    with pytest.raises(type(theirs.value)):
+        autodecode.imagehandler("pil")(".jpg", bad)
+    with pytest.raises(autodecode.DecodingError) as ours:
+        autodecode.Decoder(["pil"]).decode({"__key__": "k", "jpg": bad})
+    assert type(ours.value.__cause__) is type(theirs.value)
