@@ -362,3 +362,25 @@ def test_damaged_tables_fail_in_decode_as_pillows_load_fails():
     with pytest.raises(autodecode.DecodingError) as ours:
         autodecode.Decoder(["pil"]).decode({"__key__": "k", "jpg": bad})
     assert type(ours.value.__cause__) is type(theirs.value)
+
+
+@needs_regions
+def test_a_lazy_image_keeps_its_own_copy_of_a_buffer_it_was_given():
+    """The handler given a bytearray or a memoryview returns an image of those bytes as they were,
+    whatever the caller does with its buffer afterwards (changes it, or releases an mmap's)."""
+    import mmap
+    import tempfile
+
+    data = pillow_jpeg(photo(40, 60, seed=1), quality=90)
+    reference = pillows(data)
+    handler = autodecode.imagehandler("pil")
+    buffer = bytearray(data)
+    image = handler(".jpg", buffer)
+    buffer[:] = pillow_jpeg(photo(40, 60, seed=2), quality=90)
+    assert image.crop((1, 2, 20, 30)) == reference.crop((1, 2, 20, 30)) and image == reference
+    with tempfile.TemporaryFile() as stream:
+        stream.write(data)
+        stream.flush()
+        with mmap.mmap(stream.fileno(), 0) as mapped:
+            image = handler(".jpg", memoryview(mapped))
+        assert image == reference

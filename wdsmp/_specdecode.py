@@ -67,6 +67,8 @@ def jpeg_image(data, mode, budget, lazy=False):
     if lazy and mode == "RGB" and source == "RGB" and _regions_decodable(data, info):
         from ._lazyjpeg import LazyJpegImage
 
+        if not isinstance(data, bytes):  # a buffer the caller may change or release once this returns
+            data = bytes(data)
         whole = functools.partial(_whole_rgb_image, data, (width, height), info, budget)
         return LazyJpegImage(data, (width, height), dict(info), whole)
     image = _decoded_jpeg(data, source, mode, (width, height), info)
