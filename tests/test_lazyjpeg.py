@@ -317,7 +317,8 @@ def test_threads_using_one_lazy_image_at_once_get_pillows_results():
     interval = sys.getswitchinterval()
     sys.setswitchinterval(1e-6)  # switch threads as often as possible
     try:
-        for names in [("crop", "asarray"), ("resize", "crop", "getpixel"), ("asarray", "asarray")] * 10 + [("crop", "crop")] * 10:
+        together = [("crop", "asarray"), ("resize", "crop", "getpixel"), ("asarray", "asarray")] * 10
+        for names in together + [("crop", "crop")] * 10:
             image = lazy(data)
             start = threading.Barrier(len(names))
             threads = [threading.Thread(target=run, args=(image, name, start)) for name in names]

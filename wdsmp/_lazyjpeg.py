@@ -36,9 +36,9 @@ other than 0x00 or a restart marker) is an error Pillow raises. So only JPEGs
 whose image data holds no such marker (:func:`one_clean_scan`, a byte scan)
 and whose tables libjpeg-turbo accepts when it starts decoding (damage there,
 which ``PIL.Image.open`` does not read, fails every region and Pillow's
-``load``) are lazy, and the region decoder refuses a region whose own data warns (the
-whole decode then decides): a damaged file gives a region only where Pillow
-gives the same pixels, and an error only where Pillow raises one.
+``load``) are lazy, and the region decoder refuses a region whose own data
+warns (the whole decode then decides): a damaged file gives a region only
+where Pillow gives the same pixels, and an error only where Pillow raises one.
 
 What a caller can tell: ``type(image)`` is this class until the pixels are
 first read (``isinstance(image, PIL.Image.Image)`` always holds), and so is
