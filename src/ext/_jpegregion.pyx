@@ -10,7 +10,8 @@ read at all. FastLoader's train crops cover about half an image, so about half
 of the inverse DCT, upsampling and colour conversion, and part of the entropy
 decoding, is skipped (benchmarks/bench_kernels.py measures it). ``decode("pil")``'s
 lazy JPEG images (``wdsmp/_lazyjpeg.py``) decode the region a crop or a resize reads
-with ``decode_region_into``, at full size, into the whole image's layout.
+with ``decode_region_into``, at full size, into the whole image's layout, and
+make lazy only a JPEG whose tables ``check_start`` finds libjpeg-turbo accepts.
 
 Built only where libjpeg-turbo 2.1 or later and its headers are found (see
 setup.py; earlier releases have bugs in ``jpeg_skip_scanlines``); without it
