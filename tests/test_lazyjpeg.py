@@ -287,3 +287,101 @@ def test_the_twins_and_cut_jpegs_decode_eagerly(monkeypatch):
     monkeypatch.setenv("WDSMP_PUREPYTHON", "1")
     image = autodecode.imagehandler("pil")(".jpg", data)
     assert type(image) is PIL.Image.Image and image == pillows(data)
+
+
+@needs_regions
+def test_threads_using_one_lazy_image_at_once_get_pillows_results():
+    """NOTE [threads]: crops, resizes and whole reads of one image from several threads at once
+    all give webdataset's results, whichever thread makes it a plain image."""
+    import threading
+
+    data = pillow_jpeg(photo(300, 400, seed=6), quality=90)
+    reference = pillows(data)
+    uses = {
+        "crop": lambda im: im.crop((50, 40, 350, 260)),
+        "resize": lambda im: im.resize((32, 32), box=(0, 0, 300, 250)),
+        "asarray": np.asarray,
+        "getpixel": lambda im: im.getpixel((5, 7)),
+    }
+    expected = {name: np.asarray(use(reference)) for name, use in uses.items()}
+    failures = []
+
+    def run(image, name, start):
+        start.wait(timeout=60)
+        try:
+            if not np.array_equal(np.asarray(uses[name](image)), expected[name]):
+                failures.append(name)
+        except Exception as exn:  # noqa: BLE001 (every failure is reported below)
+            failures.append(f"{name}: {exn!r}")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as possible
+    try:
+        together = [("crop", "asarray"), ("resize", "crop", "getpixel"), ("asarray", "asarray")] * 10
+        for names in together + [("crop", "crop")] * 10:
+            image = lazy(data)
+            start = threading.Barrier(len(names))
+            threads = [threading.Thread(target=run, args=(image, name, start)) for name in names]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(timeout=60)
+            assert not failures, (names, failures)
+            assert type(image) is PIL.Image.Image and image == reference, "the regions kept to their share"
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def overflowing_huffman_table(data):
+    """``data`` with its first Huffman table made impossible (three codes of one bit) and no byte
+    moved: ``PIL.Image.open`` reads the file, libjpeg-turbo refuses the table when it starts decoding."""
+    at = data.index(b"\xff\xc4") + 5  # past the marker, the length and the table's class and id
+    counts = bytearray(data[at:at + 16])  # how many codes have 1, 2, ... 16 bits
+    assert counts[2] >= 3
+    counts[0] += 3
+    counts[2] -= 3
+    return data[:at] + bytes(counts) + data[at + 16:]
+
+
+@needs_regions
+def test_damaged_tables_fail_in_decode_as_pillows_load_fails():
+    """Damage before the image data that only libjpeg-turbo sees fails in ``decode``, as webdataset's
+    ``load`` does, not at the first use of a lazy image."""
+    from wdsmp import _jpegregion
+
+    data = pillow_jpeg(photo(40, 60, seed=3), quality=90)
+    bad = overflowing_huffman_table(data)
+    _jpegregion.check_start(data, **LIMITS)
+    with pytest.raises(ValueError, match="Huffman"):
+        _jpegregion.check_start(bad, **LIMITS)
+    with PIL.Image.open(io.BytesIO(bad)) as header:
+        assert header.size == (60, 40)
+    with pytest.raises(OSError) as theirs:
+        pillows(bad)
+    with pytest.raises(type(theirs.value)):
+        autodecode.imagehandler("pil")(".jpg", bad)
+    with pytest.raises(autodecode.DecodingError) as ours:
+        autodecode.Decoder(["pil"]).decode({"__key__": "k", "jpg": bad})
+    assert type(ours.value.__cause__) is type(theirs.value)
+
+
+@needs_regions
+def test_a_lazy_image_keeps_its_own_copy_of_a_buffer_it_was_given():
+    """The handler given a bytearray or a memoryview returns an image of those bytes as they were,
+    whatever the caller does with its buffer afterwards (changes it, or releases an mmap's)."""
+    import mmap
+    import tempfile
+
+    data = pillow_jpeg(photo(40, 60, seed=1), quality=90)
+    reference = pillows(data)
+    handler = autodecode.imagehandler("pil")
+    buffer = bytearray(data)
+    image = handler(".jpg", buffer)
+    buffer[:] = pillow_jpeg(photo(40, 60, seed=2), quality=90)
+    assert image.crop((1, 2, 20, 30)) == reference.crop((1, 2, 20, 30)) and image == reference
+    with tempfile.TemporaryFile() as stream:
+        stream.write(data)
+        stream.flush()
+        with mmap.mmap(stream.fileno(), 0) as mapped:
+            image = handler(".jpg", memoryview(mapped))
+        assert image == reference

@@ -34,9 +34,11 @@ on, so the rows above come out as in an undamaged file, the same in both; a
 marker where image data should be (a corrupt byte makes 0xFF followed by
 other than 0x00 or a restart marker) is an error Pillow raises. So only JPEGs
 whose image data holds no such marker (:func:`one_clean_scan`, a byte scan)
-are lazy, and the region decoder refuses a region whose own data warns (the
-whole decode then decides): a damaged file gives a region only where Pillow
-gives the same pixels, and an error only where Pillow raises one.
+and whose tables libjpeg-turbo accepts when it starts decoding (damage there,
+which ``PIL.Image.open`` does not read, fails every region and Pillow's
+``load``) are lazy, and the region decoder refuses a region whose own data
+warns (the whole decode then decides): a damaged file gives a region only
+where Pillow gives the same pixels, and an error only where Pillow raises one.
 
 What a caller can tell: ``type(image)`` is this class until the pixels are
 first read (``isinstance(image, PIL.Image.Image)`` always holds), and so is
@@ -48,6 +50,7 @@ is raised there, not by ``decode``. Needs Pillow 11.2 or later (images over shar
 """
 
 import re
+import threading
 
 import PIL.Image
 
@@ -74,6 +77,13 @@ _MARGIN = 2
 # too), and several crops of one image must not cost more than one whole decode.
 _REGION_SHARE = 0.75
 
+
+# NOTE [threads]: threads may use one lazy image at once (two crops, a crop and np.asarray). Its
+# switch to a plain image (pixels set, JPEG state dropped, class changed) happens under this lock,
+# and whatever reads the JPEG state reads it under the lock, first checking the image is still
+# lazy; the lock is never held while decoding (two threads may both decode the whole image: the
+# first to finish switches it, the other's pixels, the same, are dropped).
+_SWITCH = threading.Lock()
 
 # In a scan's entropy-coded data, 0xFF is followed by a stuffed 0x00 or a restart marker's 0xD0-0xD7.
 _MARKER_IN_SCAN = re.compile(rb"\xff[^\x00\xd0-\xd7]")
@@ -154,33 +164,22 @@ class LazyJpegImage(PIL.Image.Image):
         self._jpeg, self._whole, self._region_pixels = jpeg, whole, 0
 
     # -- the whole image: any use of the pixels but crop and resize --------------------------
-    def _decode_whole(self):
-        """Decode the whole image, once, and become the plain image it is."""
-        image = self._whole()
-        self._become_plain()
-        self.im = image.im
-        self.readonly = image.readonly
-
-    def _become_plain(self):
-        del self._jpeg, self._whole, self._region_pixels
-        self.__class__ = PIL.Image.Image
-
     @property
     def im(self):
-        self._decode_whole()
+        _decode_whole(self)
         return self.im
 
     @im.setter
     def im(self, im):
-        self._become_plain()
+        _become_plain(self)
         self.im = im
 
     def load(self):
-        self._decode_whole()
+        _decode_whole(self)
         return self.load()
 
     def close(self):
-        self._become_plain()
+        _become_plain(self)
         self.close()
 
     def __eq__(self, other):
@@ -200,7 +199,7 @@ class LazyJpegImage(PIL.Image.Image):
     def crop(self, box=None):
         """Pillow's ``crop``, decoding only the pixels inside ``box``."""
         region = None if box is None else crop_region(self.size, box)
-        partial = self._partial(region)
+        partial = _partial(self, region)
         if partial is None:
             self.load()
             return self.crop(box)
@@ -209,36 +208,65 @@ class LazyJpegImage(PIL.Image.Image):
     def resize(self, size, resample=None, box=None, reducing_gap=None):
         """Pillow's ``resize``, decoding only the pixels its filter reads around ``box``."""
         region = None if reducing_gap is not None else resize_region(self.size, size, resample, box)
-        partial = self._partial(region)
+        partial = _partial(self, region)
         if partial is None:
             self.load()
             return self.resize(size, resample, box, reducing_gap)
         return PIL.Image.Image.resize(partial, size, resample, box, reducing_gap)
 
-    def _partial(self, region):
-        """A plain image of this one's size and ``info`` with ``region`` decoded, the rest never
-        written (NOTE [region geometry]); None to decode the whole image instead."""
-        if region is None:
-            return None
-        top, left, bottom, right = region
-        width, height = self.size
-        pixels = (bottom - top) * (right - left)
-        if self._region_pixels + pixels > _REGION_SHARE * width * height:
-            return None
-        module = native.jpeg_region_module()
-        if module is None:
-            return None
-        import numpy as np
 
-        memory = np.empty((height, width, 4), np.uint8)
-        try:
-            _, decoded = module.decode_region_into(self._jpeg, memory, top, left, bottom - top, right - left,
-                                                   max_side=MAX_SIDE, max_pixels=MAX_PIXELS)
-        except ValueError:  # whatever libjpeg-turbo refuses here, the whole decode decides
+# A lazy image's state is read and switched by these functions, not its methods: another thread
+# may switch its class to the plain one between a method's lookup and its call (NOTE [threads]).
+
+def _decode_whole(image):
+    """Decode ``image`` whole and make it the plain image it is, unless it already is one."""
+    with _SWITCH:
+        whole = image._whole if type(image) is LazyJpegImage else None
+    if whole is not None:
+        _become_plain(image, whole())
+
+
+def _become_plain(image, decoded=None):
+    """Make lazy ``image`` a plain image over ``decoded``'s pixels, or over none yet (closing, or
+    given new ones); nothing when another thread already made it plain."""
+    with _SWITCH:
+        if type(image) is not LazyJpegImage:
+            return
+        if decoded is not None:  # the pixels first: a plain image is never without them
+            image._im, image.readonly = decoded.im, decoded.readonly
+        del image._jpeg, image._whole, image._region_pixels
+        image.__class__ = PIL.Image.Image
+
+
+def _partial(image, region):
+    """A plain image of lazy ``image``'s size and ``info`` with ``region`` decoded, the rest never
+    written (NOTE [region geometry]); None to decode the whole image instead."""
+    if region is None:
+        return None
+    top, left, bottom, right = region
+    width, height = image.size
+    pixels = (bottom - top) * (right - left)
+    with _SWITCH:
+        if type(image) is not LazyJpegImage or image._region_pixels + pixels > _REGION_SHARE * width * height:
             return None
-        self._region_pixels += (bottom - top) * decoded
-        image = native.pil_image_module().pil_image(memory, "RGB")
-        if image is None:
-            return None
-        image.info = self.info
-        return image
+        image._region_pixels += pixels  # counted now, so that threads at once keep to the share too
+        jpeg = image._jpeg
+    module = native.jpeg_region_module()
+    if module is None:
+        return None
+    import numpy as np
+
+    memory = np.empty((height, width, 4), np.uint8)
+    try:
+        _, decoded = module.decode_region_into(jpeg, memory, top, left, bottom - top, right - left,
+                                               max_side=MAX_SIDE, max_pixels=MAX_PIXELS)
+    except ValueError:  # whatever libjpeg-turbo refuses here, the whole decode decides
+        return None
+    with _SWITCH:
+        if type(image) is LazyJpegImage:
+            image._region_pixels += (bottom - top) * decoded - pixels  # the columns decoded
+    partial = native.pil_image_module().pil_image(memory, "RGB")
+    if partial is None:
+        return None
+    partial.info = image.info
+    return partial

@@ -33,7 +33,7 @@ import io
 import numpy as np
 
 from . import native
-from .imagesize import check_before_opening, check_budget, check_size, jpeg_size
+from .imagesize import MAX_PIXELS, MAX_SIDE, check_before_opening, check_budget, check_size, jpeg_size
 
 __all__ = ["decode_image", "jpeg_image"]
 
@@ -67,6 +67,8 @@ def jpeg_image(data, mode, budget, lazy=False):
     if lazy and mode == "RGB" and source == "RGB" and _regions_decodable(data, info):
         from ._lazyjpeg import LazyJpegImage
 
+        if not isinstance(data, bytes):  # a buffer the caller may change or release once this returns
+            data = bytes(data)
         whole = functools.partial(_whole_rgb_image, data, (width, height), info, budget)
         return LazyJpegImage(data, (width, height), dict(info), whole)
     image = _decoded_jpeg(data, source, mode, (width, height), info)
@@ -79,15 +81,23 @@ def _regions_decodable(data, info):
     marker that ends the file (a file cut short, or damaged into markers, is decoded whole at
     once, so that its error comes from ``decode``: NOTE [damage past the region]), where the
     region decoder is built and Pillow builds images over shared memory and decodes an image
-    on ``im``."""
+    on ``im``; and where libjpeg-turbo reads its tables and starts decoding (damaged tables,
+    which ``PIL.Image.open`` does not read, fail every region and Pillow's ``load``)."""
     import PIL.Image
 
-    if ("progressive" in info or native.jpeg_region_module() is None or not hasattr(PIL.Image, "fromarrow")
+    module = native.jpeg_region_module()
+    if ("progressive" in info or module is None or not hasattr(PIL.Image, "fromarrow")
             or not isinstance(vars(PIL.Image.Image).get("im"), property)):
         return False
     from ._lazyjpeg import one_clean_scan
 
-    return one_clean_scan(data)
+    if not one_clean_scan(data):
+        return False
+    try:
+        module.check_start(data, max_side=MAX_SIDE, max_pixels=MAX_PIXELS)
+    except ValueError:
+        return False
+    return True
 
 
 def _decoded_jpeg(data, source, mode, size, info):

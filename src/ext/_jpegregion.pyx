@@ -10,7 +10,8 @@ read at all. FastLoader's train crops cover about half an image, so about half
 of the inverse DCT, upsampling and colour conversion, and part of the entropy
 decoding, is skipped (benchmarks/bench_kernels.py measures it). ``decode("pil")``'s
 lazy JPEG images (``wdsmp/_lazyjpeg.py``) decode the region a crop or a resize reads
-with ``decode_region_into``, at full size, into the whole image's layout.
+with ``decode_region_into``, at full size, into the whole image's layout, and
+make lazy only a JPEG whose tables ``check_start`` finds libjpeg-turbo accepts.
 
 Built only where libjpeg-turbo 2.1 or later and its headers are found (see
 setup.py; earlier releases have bugs in ``jpeg_skip_scanlines``); without it
@@ -140,3 +141,24 @@ def decode_region_into(const unsigned char[:] data not None, uint8_t[:, :, ::1] 
     finally:
         jpegregion_destroy(&state)
     return left, width
+
+
+def check_start(const unsigned char[:] data not None, *, unsigned long long max_side, unsigned long long max_pixels):
+    """Read a JPEG's header and tables and start decompressing it as a region decode does,
+    decoding no pixels: raises ValueError as :func:`decode_region_into` would for any region,
+    where the error lies before the image data (a damaged Huffman or quantization table, a
+    scan naming a table never defined, which ``PIL.Image.open`` does not read)."""
+    if data.shape[0] == 0:
+        raise ValueError("the JPEG data is empty")
+    cdef jpegregion_state state
+    cdef const unsigned char* src = &data[0]
+    cdef size_t size = data.shape[0]
+    cdef int rc, left = 0, width = 1
+    memset(&state, 0, sizeof(state))
+    try:
+        with nogil:
+            rc = jpegregion_start(&state, src, size, 8, 0, 1, &left, &width, 1, 0, max_side, max_pixels)
+        if rc != 0:
+            raise ValueError(jpegregion_message(&state).decode("utf-8", "replace"))
+    finally:
+        jpegregion_destroy(&state)
