@@ -196,6 +196,23 @@ class _Opener:
         return (builtins.open, (self.path, "w"))
 
 
+def _decoded_jpeg_with_metadata():
+    """A JPEG as decode("pil") gives it: its info holds the file's dpi, EXIF and ICC profile,
+    which a pickled image keeps, and so must a plain record."""
+    import io
+
+    from PIL import Image
+
+    stream = io.BytesIO()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation
+    Image.new("RGB", (5, 4), (9, 80, 200)).save(stream, "JPEG", dpi=(300, 300), exif=exif.tobytes(),
+                                                 icc_profile=b"\0" * 132, comment=b"kept")
+    image = Image.open(io.BytesIO(stream.getvalue())).convert("RGB")
+    assert {"dpi", "exif", "icc_profile", "comment"} <= image.info.keys()
+    return image
+
+
 def test_samples_are_stored_without_pickle_and_a_hostile_file_runs_nothing_in_secure_mode(tmp_path, monkeypatch):
     import numpy as np
     import torch
@@ -204,7 +221,8 @@ def test_samples_are_stored_without_pickle_and_a_hostile_file_runs_nothing_in_se
     monkeypatch.delenv("WDS_SECURE", raising=False)
     sample = {"__key__": "k0", "jpg": b"\xff\xd8", "cls": 3, "big": 1 << 70, "x": 0.5, "ok": True, "no": None,
               "t": ("a", [1, 2]), "a": np.arange(6, dtype=np.float32).reshape(2, 3), "s": np.int64(7),
-              "p": torch.arange(4, dtype=torch.bfloat16), "img": Image.new("RGB", (3, 2), (1, 2, 3))}
+              "p": torch.arange(4, dtype=torch.bfloat16), "img": Image.new("RGB", (3, 2), (1, 2, 3)),
+              "jpeg": _decoded_jpeg_with_metadata()}
     db = tmp_path / "plain.db"
     assert list(DBCache([sample], db, 5, verbose=False)) == [sample]
     with sqlite3.connect(db) as con:
@@ -216,6 +234,7 @@ def test_samples_are_stored_without_pickle_and_a_hostile_file_runs_nothing_in_se
     assert type(back["s"]) is np.int64 and back["s"] == 7
     assert back["p"].dtype == torch.bfloat16 and torch.equal(back["p"], sample["p"])
     assert back["img"].tobytes() == sample["img"].tobytes() and back["img"].mode == "RGB"
+    assert back["jpeg"].info == sample["jpeg"].info and back["jpeg"].tobytes() == sample["jpeg"].tobytes()
     # A file from elsewhere: its rows are pickles that run code when loaded.
     marker = tmp_path / "ran"
     hostile = tmp_path / "hostile.db"

@@ -4,7 +4,8 @@ A cache file can come from elsewhere (a shared directory, a copied run), and unp
 runs whatever code it names. :class:`SampleCodec` stores what samples are made of in a
 format whose reading runs nothing: None, bool, int, float, str, bytes, lists, tuples and
 dicts of them, numpy arrays and scalars (not of object dtype), torch tensors (on the CPU
-when read) and PIL images without a palette. Anything else is pickled as before, and
+when read) and PIL images without a palette, with their ``info`` (dpi, exif, icc_profile:
+what a pickled image keeps) where it is made of those values. Anything else is pickled as before, and
 pickles are read as before (old cache files stay readable), except in secure mode
 (``WDS_SECURE=1``), which refuses both: such a sample, or such a cache file, is a
 ``ValueError`` saying so.
@@ -85,11 +86,13 @@ def _encode(value, out, depth):
         as_numpy = tensor.view(torch.int16) if tensor.dtype == torch.bfloat16 else tensor
         _array(out, as_numpy.numpy())
     elif _is_image(value) and value.palette is None:
-        out.append(b"m")
+        out.append(b"M" if value.info else b"m")  # "m": no info (and records written before it was kept)
         _text(out, value.mode)
         out += [_LENGTH.pack(value.width), _LENGTH.pack(value.height)]
         data = value.tobytes()
         out += [_LENGTH.pack(len(data)), data]
+        if value.info:
+            _encode(dict(value.info), out, depth + 1)
     else:
         raise NotPlain(f"a {kind.__module__}.{kind.__qualname__}")
 
@@ -181,14 +184,20 @@ class _Reader:
                 raise ValueError("a plain sample record with an unknown tensor type")
             tensor = torch.from_numpy(self.array())
             return tensor.view(dtype) if dtype == torch.bfloat16 else tensor.to(dtype)
-        if tag == b"m":
+        if tag in (b"m", b"M"):
             import PIL.Image
 
             mode, size = self.text(), (self.length(), self.length())
             data = bytes(self.take(self.length()))
             if size[0] * size[1] > 8 * len(data):  # more pixels than any mode packs in the bytes
                 raise ValueError("a plain sample record with an image larger than its data")
-            return PIL.Image.frombytes(mode, size, data)
+            image = PIL.Image.frombytes(mode, size, data)
+            if tag == b"M":
+                info = self.value(depth + 1)
+                if not isinstance(info, dict):
+                    raise ValueError("a plain sample record with an image whose info is not a dict")
+                image.info = info
+            return image
         raise ValueError(f"a plain sample record with an unknown tag {tag!r}")
 
 
