@@ -829,6 +829,39 @@ def test_a_worker_dead_after_its_part_of_an_epoch_fails_the_next(shards):
             _keys(loader)
 
 
+_STREAM_RUNS = [0]  # streams a worker process ran this stage on
+
+
+def fail_in_the_second_epoch(samples):
+    """Epoch 0 passes; in the next epoch a worker fails at once. Stream 1 (32 samples, not the
+    epoch's last batch) ends a second late, so the epoch 0 iterator is still waiting for it
+    when the other worker, gone ahead, fails."""
+    _STREAM_RUNS[0] += 1
+    first, seen = _STREAM_RUNS[0] == 1, 0
+    try:
+        for sample in samples:
+            if not first:
+                raise ValueError("second epoch")
+            seen += 1
+            yield sample
+    finally:
+        if first and seen == 32:
+            time.sleep(1)
+
+
+def test_a_failure_of_the_epoch_gone_ahead_is_raised_by_its_next_and_kept_in_the_state(shards):
+    """NOTE [next epoch ahead]: a worker failing in epoch 1 while epoch 0 is delivered fails
+    epoch 1 at its first next() (not iter()), and state_dict() says epoch 1 has not been seen."""
+    _, index, _ = shards
+    with _loader(index, keys=True, shuffle_buffer=0, stages=[fail_in_the_second_epoch], timeout=60) as loader:
+        assert len(_keys(loader)[1]) == len(loader)
+        iterator = iter(loader)
+        with pytest.raises(WorkerError, match="second epoch"):
+            next(iterator)
+        state = loader.state_dict()
+        assert (state["epoch"], state["batches_done"]) == (1, 0)
+
+
 def test_set_epoch_to_the_current_epoch_during_it(shards):
     """set_epoch(e) while epoch e runs asks for e again: nothing goes ahead as e + 1, and the
     repeated epoch is e's."""
