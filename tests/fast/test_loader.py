@@ -653,6 +653,24 @@ def test_a_failing_stage_ends_the_stream_loudly(shards):
     assert all(batch.keys == ["s0/006"] * 4 for batch in batches[2:])
 
 
+def raise_on_two(samples):
+    for sample in samples:
+        if sample["__key__"].endswith("002"):
+            raise ValueError("stage failure")
+        yield sample
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_a_stage_failing_in_a_first_batch_made_together_says_how_far_the_stream_got(shards, num_workers):
+    """The warning counts the items read before the stage failed, also when the first batch is
+    made by threads (NOTE [first batch together]) and no row of it is counted yet."""
+    urls, _, _ = shards
+    with pytest.warns(UserWarning, match=r"the rest of stream 0 of epoch 0 in worker 0 is lost \(after 2 of its items\)"):
+        with _loader([(urls[0], PER_SHARD)], num_workers=num_workers, shuffle=False, shuffle_buffer=0, keys=True,
+                     stages=[raise_on_two], handler=wdsmp.ignore_and_continue) as loader:
+            assert next(iter(loader)).keys == ["s0/000", "s0/001", "s0/001", "s0/001"]
+
+
 def test_state_after_an_error_and_set_epoch_keep_the_position(shards):
     urls, _, _ = shards
     damaged = _damage(urls[0], "s0/013")

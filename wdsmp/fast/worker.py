@@ -310,7 +310,7 @@ class _Stream:
             if self._handle(exn):
                 warnings.warn(f"a stage raised {type(exn).__name__}: {exn}; the rest of stream "
                               f"{self.plan.stream} of epoch {self.plan.epoch} in worker {self.worker} is lost (after "
-                              f"{self.samples} samples): a stage must handle its own errors to skip single samples")
+                              f"{self.taken} of its items): a stage must handle its own errors to skip single samples")
             return _END
         if sample is not _END:
             self.taken += 1
