@@ -653,9 +653,9 @@ def test_a_failing_stage_ends_the_stream_loudly(shards):
     assert all(batch.keys == ["s0/006"] * 4 for batch in batches[2:])
 
 
-def raise_on_two(samples):
+def raise_at(suffix, samples):
     for sample in samples:
-        if sample["__key__"].endswith("002"):
+        if sample["__key__"].endswith(suffix):
             raise ValueError("stage failure")
         yield sample
 
@@ -667,8 +667,21 @@ def test_a_stage_failing_in_a_first_batch_made_together_says_how_far_the_stream_
     urls, _, _ = shards
     with pytest.warns(UserWarning, match=r"the rest of stream 0 of epoch 0 in worker 0 is lost \(after 2 of its items\)"):
         with _loader([(urls[0], PER_SHARD)], num_workers=num_workers, shuffle=False, shuffle_buffer=0, keys=True,
-                     stages=[raise_on_two], handler=wdsmp.ignore_and_continue) as loader:
+                     stages=[functools.partial(raise_at, "002")], handler=wdsmp.ignore_and_continue) as loader:
             assert next(iter(loader)).keys == ["s0/000", "s0/001", "s0/001", "s0/001"]
+
+
+def test_a_bad_sample_is_named_before_a_stage_failing_later_in_the_same_first_batch(shards):
+    """NOTE [first batch together]: threads fill the rows read so far while reading goes on, but
+    the errors come out in the order one thread meets them (as with num_workers=1): the bad JPEG
+    of row 1, not the stage that fails at row 3."""
+    urls, _, _ = shards
+    damaged = _damage(urls[0], "s0/001")
+    with _loader([(damaged, PER_SHARD)], num_workers=2, shuffle=False, shuffle_buffer=0,
+                 stages=[functools.partial(raise_at, "003")]) as loader:
+        with pytest.raises(WorkerError, match="member 's0/001.jpg'") as info:
+            next(iter(loader))
+    assert info.value.exc_type == "wdsmp.errors.DecodeError"
 
 
 def test_state_after_an_error_and_set_epoch_keep_the_position(shards):
