@@ -843,6 +843,20 @@ def test_another_epoch_than_the_one_gone_ahead_restarts_the_workers(shards, chan
         assert _keys(loader)[0] != whole  # and the epoch after that went ahead correctly
 
 
+def test_an_epoch_left_after_its_last_batch_gives_up_the_epoch_gone_ahead(shards):
+    """``zip(range(len(loader)), loader)`` takes every batch but never asks for the end: epoch 1,
+    sent ahead as epoch 0's last batch was taken, is dropped by the next iter() (its workers
+    restart), which still gives epoch 1 exactly, and the one after it epoch 2."""
+    _, index, _ = shards
+    with _loader(index, keys=True, seed=5) as loader:
+        fresh = [_keys(loader)[0] for _ in range(3)]
+    with _loader(index, keys=True, seed=5) as loader:
+        first = [k for _, batch in zip(range(len(loader)), loader) for k in batch.keys]
+        workers = _worker_pids(loader)
+        assert [first, _keys(loader)[0], _keys(loader)[0]] == fresh
+        assert _worker_pids(loader) != workers
+
+
 def test_a_worker_dead_after_its_part_of_an_epoch_fails_the_next(shards):
     """A worker killed after it made its last batch of epoch 0 (and went on with epoch 1) does not
     fail epoch 0, which is complete; epoch 1 reports it."""
