@@ -630,6 +630,37 @@ def test_a_failing_stage_ends_the_stream_loudly(shards):
     assert all(batch.keys == ["s0/006"] * 4 for batch in batches[2:])
 
 
+def raise_at(suffix, samples):
+    for sample in samples:
+        if sample["__key__"].endswith(suffix):
+            raise ValueError("stage failure")
+        yield sample
+
+
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_a_stage_failing_in_a_first_batch_made_together_says_how_far_the_stream_got(shards, num_workers):
+    """The warning counts the items read before the stage failed, also when the first batch is
+    made by threads (NOTE [first batch together]) and no row of it is counted yet."""
+    urls, _, _ = shards
+    with pytest.warns(UserWarning, match=r"the rest of stream 0 of epoch 0 in worker 0 is lost \(after 2 of its items\)"):
+        with _loader([(urls[0], PER_SHARD)], num_workers=num_workers, shuffle=False, shuffle_buffer=0, keys=True,
+                     stages=[functools.partial(raise_at, "002")], handler=wdsmp.ignore_and_continue) as loader:
+            assert next(iter(loader)).keys == ["s0/000", "s0/001", "s0/001", "s0/001"]
+
+
+def test_a_bad_sample_is_named_before_a_stage_failing_later_in_the_same_first_batch(shards):
+    """NOTE [first batch together]: threads fill the rows read so far while reading goes on, but
+    the errors come out in the order one thread meets them (as with num_workers=1): the bad JPEG
+    of row 1, not the stage that fails at row 3."""
+    urls, _, _ = shards
+    damaged = _damage(urls[0], "s0/001")
+    with _loader([(damaged, PER_SHARD)], num_workers=2, shuffle=False, shuffle_buffer=0,
+                 stages=[functools.partial(raise_at, "003")]) as loader:
+        with pytest.raises(WorkerError, match="member 's0/001.jpg'") as info:
+            next(iter(loader))
+    assert info.value.exc_type == "wdsmp.errors.DecodeError"
+
+
 def test_state_after_an_error_and_set_epoch_keep_the_position(shards):
     urls, _, _ = shards
     damaged = _damage(urls[0], "s0/013")
@@ -783,6 +814,20 @@ def test_another_epoch_than_the_one_gone_ahead_restarts_the_workers(shards, chan
         assert _keys(loader)[0] != whole  # and the epoch after that went ahead correctly
 
 
+def test_an_epoch_left_after_its_last_batch_gives_up_the_epoch_gone_ahead(shards):
+    """``zip(range(len(loader)), loader)`` takes every batch but never asks for the end: epoch 1,
+    sent ahead as epoch 0's last batch was taken, is dropped by the next iter() (its workers
+    restart), which still gives epoch 1 exactly, and the one after it epoch 2."""
+    _, index, _ = shards
+    with _loader(index, keys=True, seed=5) as loader:
+        fresh = [_keys(loader)[0] for _ in range(3)]
+    with _loader(index, keys=True, seed=5) as loader:
+        first = [k for _, batch in zip(range(len(loader)), loader) for k in batch.keys]
+        workers = _worker_pids(loader)
+        assert [first, _keys(loader)[0], _keys(loader)[0]] == fresh
+        assert _worker_pids(loader) != workers
+
+
 def test_a_worker_dead_after_its_part_of_an_epoch_fails_the_next(shards):
     """A worker killed after it made its last batch of epoch 0 (and went on with epoch 1) does not
     fail epoch 0, which is complete; epoch 1 reports it."""
@@ -798,6 +843,39 @@ def test_a_worker_dead_after_its_part_of_an_epoch_fails_the_next(shards):
         assert len(keys) == SHARDS * PER_SHARD // 4 * 4
         with pytest.raises(WorkerError, match="died with signal SIGKILL"):
             _keys(loader)
+
+
+_STREAM_RUNS = [0]  # streams a worker process ran this stage on
+
+
+def fail_in_the_second_epoch(samples):
+    """Epoch 0 passes; in the next epoch a worker fails at once. Stream 1 (32 samples, not the
+    epoch's last batch) ends a second late, so the epoch 0 iterator is still waiting for it
+    when the other worker, gone ahead, fails."""
+    _STREAM_RUNS[0] += 1
+    first, seen = _STREAM_RUNS[0] == 1, 0
+    try:
+        for sample in samples:
+            if not first:
+                raise ValueError("second epoch")
+            seen += 1
+            yield sample
+    finally:
+        if first and seen == 32:
+            time.sleep(1)
+
+
+def test_a_failure_of_the_epoch_gone_ahead_is_raised_by_its_next_and_kept_in_the_state(shards):
+    """NOTE [next epoch ahead]: a worker failing in epoch 1 while epoch 0 is delivered fails
+    epoch 1 at its first next() (not iter()), and state_dict() says epoch 1 has not been seen."""
+    _, index, _ = shards
+    with _loader(index, keys=True, shuffle_buffer=0, stages=[fail_in_the_second_epoch], timeout=60) as loader:
+        assert len(_keys(loader)[1]) == len(loader)
+        iterator = iter(loader)
+        with pytest.raises(WorkerError, match="second epoch"):
+            next(iterator)
+        state = loader.state_dict()
+        assert (state["epoch"], state["batches_done"]) == (1, 0)
 
 
 def test_set_epoch_to_the_current_epoch_during_it(shards):

@@ -99,9 +99,9 @@ class EpochIterator:
         self.held = None
         self.ahead = ahead  # until called; then the next epoch's EpochStart, or None
         self.next_start = None
-        early, start.early = start.early, []
-        for message in early:
-            self._dispatch(message)
+        # Taken before the ready queue, at the first ``next()``: a failure among them is raised
+        # there, as any failure of the epoch, once the loader holds this epoch's state.
+        self.early, start.early = start.early, []
 
     @property
     def finished(self):
@@ -180,9 +180,12 @@ class EpochIterator:
         return None if stream is None else self.owner[stream]
 
     def _receive(self, waiting_for, started):
-        """Take one message off the ready queue; raise when a worker failed, died, stalled or
-        timed out (checked at least every ``_POLL`` seconds, also while other workers' messages
-        keep coming)."""
+        """Take one message (this epoch's early ones first, then off the ready queue); raise when a
+        worker failed, died, stalled or timed out (checked at least every ``_POLL`` seconds, also
+        while other workers' messages keep coming)."""
+        if self.early:  # they came off the ready queue first
+            self._dispatch(self.early.pop(0))
+            return
         starts = [start for start in (self.start, self.next_start) if start is not None]
         wait = min(start.wait(_POLL) for start in starts)
         try:

@@ -28,8 +28,10 @@ NOTE [first batch together]
     about W times sooner, and the cores do the same work in all. The worker
     reads the batch's samples in order and hands each row to the next free
     thread (decoding and resizing release the GIL); a row whose sample failed
-    is left out and the rows after it move up, so the batch is the one a single thread makes, whatever the handler
-    does. Crops and flips are drawn from each sample's own generator, seeded
+    is left out and the rows after it move up, so the batch is the one a
+    single thread makes, whatever the handler does, and errors come out in
+    the order one thread meets them (a row's before a later read's). Crops
+    and flips are drawn from each sample's own generator, seeded
     by the stream's seed and the sample's place in the stream, so threads
     draw the same boxes in any order, and a resumed stream the same boxes as
     an uninterrupted one.
@@ -310,7 +312,7 @@ class _Stream:
             if self._handle(exn):
                 warnings.warn(f"a stage raised {type(exn).__name__}: {exn}; the rest of stream "
                               f"{self.plan.stream} of epoch {self.plan.epoch} in worker {self.worker} is lost (after "
-                              f"{self.samples} samples): a stage must handle its own errors to skip single samples")
+                              f"{self.taken} of its items): a stage must handle its own errors to skip single samples")
             return _END
         if sample is not _END:
             self.taken += 1
@@ -320,8 +322,10 @@ class _Stream:
         """Fill a slot's rows from ``self.threads`` threads (NOTE [first batch together]): each
         sample is read in order and its row filled by the next free thread, then the rows of
         failed samples (that the handler skips) are closed up; ``(rows filled, whether the
-        stream ended)``."""
+        stream ended)``. Errors come out in the order one thread meets them: those of the rows
+        read before a read that failed, first."""
         items, clocks, jobs = [], [], []  # per row: (number in the stream, sample); its _FillClock; its future
+        read_error = None  # that the handler raised on reading, after the rows read before it
 
         def fill(row, url, member):
             number, sample = items[row]
@@ -336,7 +340,11 @@ class _Stream:
         start, reading = perf_counter_ns(), self.clock.source_ns
         with ThreadPoolExecutor(self.threads, thread_name_prefix="wdsmp-fill") as pool:
             while len(items) < self.batch_size:
-                sample = self._next_sample(source)
+                try:
+                    sample = self._next_sample(source)
+                except Exception as exn:
+                    read_error = exn
+                    break
                 if sample is _END:
                     break
                 items.append((self.taken, sample))
@@ -358,6 +366,8 @@ class _Stream:
             self.clock.count_image(info)
             self.samples += 1
             rows += 1
+        if read_error is not None:
+            raise read_error
         return rows, len(items) < self.batch_size
 
     def _check_sample(self, sample, url, member):
