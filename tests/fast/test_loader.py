@@ -25,7 +25,8 @@ from wdsmp.fast.ring import SHM_DIR
 from wdsmp.shardindex import write_index
 
 from ..conftest import tar_bytes
-from .workerfns import add_double, below_forty, keep_even, label_plus_one, note_read, raise_on_seven
+from .workerfns import (add_double, below_forty, fail_in_the_second_epoch, keep_even, label_plus_one, note_read,
+                        raise_at)
 
 SHARDS, PER_SHARD = 3, 23  # 69 samples: batches of 4 leave remainders on purpose
 SIZE = 24
@@ -624,17 +625,10 @@ def test_a_failing_stage_ends_the_stream_loudly(shards):
     urls, _, _ = shards
     with pytest.warns(UserWarning, match="a stage raised ValueError: stage failure; the rest of stream 0 of epoch 0 in worker 0"):
         with _loader([(urls[0], PER_SHARD)], num_workers=1, shuffle=False, train=False, keys=True,
-                     stages=[raise_on_seven], handler=wdsmp.ignore_and_continue) as loader:
+                     stages=[functools.partial(raise_at, "007")], handler=wdsmp.ignore_and_continue) as loader:
             batches = list(loader)
     assert len(batches) == 5 and batches[1].keys == ["s0/004", "s0/005", "s0/006", "s0/006"]
     assert all(batch.keys == ["s0/006"] * 4 for batch in batches[2:])
-
-
-def raise_at(suffix, samples):
-    for sample in samples:
-        if sample["__key__"].endswith(suffix):
-            raise ValueError("stage failure")
-        yield sample
 
 
 @pytest.mark.parametrize("num_workers", [1, 2])
@@ -843,26 +837,6 @@ def test_a_worker_dead_after_its_part_of_an_epoch_fails_the_next(shards):
         assert len(keys) == SHARDS * PER_SHARD // 4 * 4
         with pytest.raises(WorkerError, match="died with signal SIGKILL"):
             _keys(loader)
-
-
-_STREAM_RUNS = [0]  # streams a worker process ran this stage on
-
-
-def fail_in_the_second_epoch(samples):
-    """Epoch 0 passes; in the next epoch a worker fails at once. Stream 1 (32 samples, not the
-    epoch's last batch) ends a second late, so the epoch 0 iterator is still waiting for it
-    when the other worker, gone ahead, fails."""
-    _STREAM_RUNS[0] += 1
-    first, seen = _STREAM_RUNS[0] == 1, 0
-    try:
-        for sample in samples:
-            if not first:
-                raise ValueError("second epoch")
-            seen += 1
-            yield sample
-    finally:
-        if first and seen == 32:
-            time.sleep(1)
 
 
 def test_a_failure_of_the_epoch_gone_ahead_is_raised_by_its_next_and_kept_in_the_state(shards):

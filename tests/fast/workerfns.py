@@ -25,9 +25,9 @@ def below_forty(sample):
     return int(sample["cls"]) < 40
 
 
-def raise_on_seven(samples):
+def raise_at(suffix, samples):
     for sample in samples:
-        if sample["__key__"].endswith("007"):
+        if sample["__key__"].endswith(suffix):
             raise ValueError("stage failure")
         yield sample
 
@@ -65,3 +65,22 @@ def sleep_a_second(samples):
     for sample in samples:
         time.sleep(1.0)
         yield sample
+
+_STREAM_RUNS = [0]  # streams a worker process ran this stage on
+
+
+def fail_in_the_second_epoch(samples):
+    """Epoch 0 passes; in the next epoch a worker fails at once. Stream 1 (32 samples, not the
+    epoch's last batch) ends a second late, so the epoch 0 iterator is still waiting for it
+    when the other worker, gone ahead, fails."""
+    _STREAM_RUNS[0] += 1
+    first, seen = _STREAM_RUNS[0] == 1, 0
+    try:
+        for sample in samples:
+            if not first:
+                raise ValueError("second epoch")
+            seen += 1
+            yield sample
+    finally:
+        if first and seen == 32:
+            time.sleep(1)
