@@ -25,8 +25,8 @@ from wdsmp.fast.ring import SHM_DIR
 from wdsmp.shardindex import write_index
 
 from ..conftest import tar_bytes
-from .workerfns import (add_double, below_forty, fail_in_the_second_epoch, keep_even, label_plus_one, note_read,
-                        raise_at)
+from .workerfns import (add_double, below_forty, fail_in_the_second_epoch, keep_even, label_noting_its_thread,
+                        label_plus_one, note_read, raise_at)
 
 SHARDS, PER_SHARD = 3, 23  # 69 samples: batches of 4 leave remainders on purpose
 SIZE = 24
@@ -713,6 +713,22 @@ def _epoch(loader):
         keys += batch.keys
         images.append(batch.images.clone())
     return keys, torch.cat(images)
+
+
+def test_label_and_field_functions_are_called_from_one_thread_in_each_worker(shards, tmp_path):
+    """NOTE [first batch together]: the user's functions may keep state or not be thread-safe, so
+    rows that call them are filled by one thread, the first batch's too."""
+    _, index, labels = shards
+    calls = str(tmp_path / "calls")
+    with _loader(index, keys=True, label=functools.partial(label_noting_its_thread, calls)) as loader:
+        for batch in loader:
+            assert [int(label) for label in batch.labels] == [labels[key] for key in batch.keys]
+    with open(calls) as stream:
+        threads = collections.defaultdict(set)
+        for line in stream:
+            pid, thread = line.split()
+            threads[pid].add(thread)
+    assert len(threads) == 2 and all(len(ids) == 1 for ids in threads.values())
 
 
 @pytest.mark.parametrize("damaged", [False, True])

@@ -5,6 +5,7 @@ import torch (through ``wdsmp.fast.loader``), which costs each worker about two 
 while this module imports nothing a worker does not already have.
 """
 
+import os
 import threading
 import time
 
@@ -19,6 +20,13 @@ def add_double(sample):
 
 def label_plus_one(sample):
     return int(sample["cls"]) + 1
+
+
+def label_noting_its_thread(path, sample):
+    """The sample's label, after appending "pid thread" to the file at ``path``."""
+    with open(path, "a") as stream:
+        stream.write(f"{os.getpid()} {threading.get_ident()}\n")
+    return int(sample["cls"])
 
 
 def below_forty(sample):

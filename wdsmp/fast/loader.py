@@ -285,8 +285,9 @@ class FastLoader:
 
     def _start_epoch(self, workers, plan):
         """Send ``workers`` the tasks of ``plan``; the first batch is made by as many threads as
-        there are workers and cores (NOTE [first batch together] in ``worker.py``)."""
-        threads = min(self.num_workers, len(os.sched_getaffinity(0)))
+        there are workers and cores, unless rows call the user's functions (NOTE [first batch
+        together] in ``worker.py``)."""
+        threads = 1 if self._config.rows_call_user_code else min(self.num_workers, len(os.sched_getaffinity(0)))
         return EpochStart(workers, plan, streams_of_workers(plan.num_streams, self.num_workers), threads)
 
     def _next_epoch_ahead(self, current):

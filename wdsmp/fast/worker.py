@@ -34,7 +34,9 @@ NOTE [first batch together]
     and flips are drawn from each sample's own generator, seeded
     by the stream's seed and the sample's place in the stream, so threads
     draw the same boxes in any order, and a resumed stream the same boxes as
-    an uninterrupted one.
+    an uninterrupted one. Label and field functions are the user's code, which
+    may keep state or not be safe to call from two threads at once: with them,
+    every batch is made by one thread, the first too, and nobody is held back.
 """
 
 import io
@@ -97,6 +99,11 @@ class WorkerConfig:
     shuffle_buffer: int
     cache_dir: Optional[str] = None
     counts: Tuple[Optional[int], ...] = ()
+
+    @property
+    def rows_call_user_code(self):
+        """Whether filling a row calls a label or field function (NOTE [first batch together])."""
+        return callable(self.label) or any(callable(source) for _, source in self.fields)
 
 
 class _Stopped(Exception):
