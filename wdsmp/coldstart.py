@@ -4,7 +4,11 @@ construction) and the first batch of its second epoch (from ``iter()``, workers 
 an epoch taken as fast as it comes ("new epoch": nothing to overlap, the workers make the
 first batch as the loop waits), and of its third, after an epoch whose loop trains
 :data:`STEP` seconds on each batch ("new epoch after training steps": the workers went ahead
-with it meanwhile, NOTE [next epoch ahead] in ``wdsmp/fast/epochstart.py``).
+with it meanwhile, NOTE [next epoch ahead] in ``wdsmp/fast/epochstart.py``), and that epoch's
+second batch after one more step (the other workers start their first batches once the
+first is announced). "first batch, CPU" is the CPU time all the loader's processes (the
+script from construction on, the fork server, the workers) spent until the first batch:
+on C cores the first batch cannot come sooner than that over C.
 
 The loader benchmark (``wdsmp.benchmark``) reports it as a row of its own, and
 ``benchmarks/bench_startup.py`` beside each part of start-up; both run :data:`SCRIPT`,
@@ -23,18 +27,27 @@ STEP = 0.25  # seconds of "training" on each batch in the third epoch: about a b
 
 SCRIPT = """
 import json, sys, time
+import psutil
 import torch
 from wdsmp import FastLoader
+
+
+def cpu_seconds(process):
+    times = process.cpu_times()
+    return times.user + times.system
+
 
 if __name__ == "__main__":
     index, batch_size, workers, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     step = float(sys.argv[5])
-    start = time.perf_counter()
+    me = psutil.Process()
+    start, cpu_before = time.perf_counter(), cpu_seconds(me)
     loader = FastLoader(index, batch_size, num_workers=workers, image_size=size)
     built = time.perf_counter()
     batches = iter(loader)
     next(batches)
     first = time.perf_counter()
+    cpu = cpu_seconds(me) - cpu_before + sum(cpu_seconds(child) for child in me.children(recursive=True))
     for _ in batches:
         pass
     end = time.perf_counter()
@@ -44,16 +57,23 @@ if __name__ == "__main__":
     for _ in batches:
         time.sleep(step)
     end = time.perf_counter()
-    next(iter(loader))
+    batches = iter(loader)
+    next(batches)
     trained = time.perf_counter()
+    time.sleep(step)
+    second = time.perf_counter()
+    next(batches)
+    second = time.perf_counter() - second
     loader.close()
-    print(json.dumps({"construction": built - start, "first batch": first - start,
-                      "new epoch": tight, "new epoch after training steps": trained - end}))
+    print(json.dumps({"construction": built - start, "first batch": first - start, "first batch, CPU": cpu,
+                      "new epoch": tight, "new epoch after training steps": trained - end,
+                      "new epoch after training steps, its second batch": second}))
 """
 
 
 def first_batches(index, batch_size, workers, image_size, *, tree=None, timeout=600):
-    """``{"construction", "first batch", "new epoch", "new epoch after training steps": seconds}``
+    """``{"construction", "first batch", "first batch, CPU", "new epoch", "new epoch after training steps",
+    "new epoch after training steps, its second batch": seconds}``
     of a FastLoader over the corpus ``index`` in a fresh interpreter; ``tree``: a checkout put
     first on its ``PYTHONPATH``."""
     env = dict(os.environ)
