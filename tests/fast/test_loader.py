@@ -838,15 +838,21 @@ def test_an_epoch_left_after_its_last_batch_gives_up_the_epoch_gone_ahead(shards
         assert _worker_pids(loader) != workers
 
 
-def test_a_worker_dead_after_its_part_of_an_epoch_fails_the_next(shards):
+def test_a_worker_dead_after_its_part_of_an_epoch_fails_the_next(shards, tmp_path):
     """A worker killed after it made its last batch of epoch 0 (and went on with epoch 1) does not
     fail epoch 0, which is complete; epoch 1 reports it."""
     _, index, _ = shards
-    with _loader(index, keys=True, seed=5) as loader:
+    reads = str(tmp_path / "reads")
+    open(reads, "w").close()
+    with _loader(index, keys=True, seed=5, stages=[wdsmp.map(functools.partial(note_read, reads))]) as loader:
         iterator = iter(loader)
         keys = []
         for _ in range(len(loader)):
             keys += next(iterator).keys
+        # Worker 0 makes epoch 1's first batch: once it reads epoch 1, it has said epoch 0 is done.
+        deadline = time.monotonic() + 60
+        while _lines(reads) <= SHARDS * PER_SHARD and time.monotonic() < deadline:
+            time.sleep(0.05)
         os.kill(_worker_pids(loader)[0], signal.SIGKILL)
         with pytest.raises(StopIteration):
             next(iterator)
