@@ -6,6 +6,7 @@ import shlex
 import sys
 
 import numpy as np
+import pytest
 import simplejpeg
 
 import wdsmp
@@ -33,6 +34,7 @@ def _tiny_corpus(directory, shards=2, per_shard=16):
                 command="test_bench.py")
 
 
+@pytest.mark.processes  # the benchmark's orchestration: DataLoader workers, fresh processes
 def test_bench_prints_the_contenders_and_draws_them(tmp_path, capsys):
     _tiny_corpus(tmp_path)
     picture = tmp_path / "bench.png"
@@ -76,6 +78,7 @@ def test_the_rate_over_time_counts_the_last_seconds():
     assert values == [0.0, 10 / 1, 20 / 2, 30 / 2, (40 - 30) / 3, (50 - 40) / 3]
 
 
+@pytest.mark.processes  # the benchmark's orchestration: DataLoader workers, fresh processes
 def test_swap_import_adds_the_user_pipeline_with_each_library(tmp_path, capsys, monkeypatch):
     _tiny_corpus(tmp_path)
     argv = ["bench", "--corpus", str(tmp_path), "--workers", "1", "--batch-size", "8", "--seconds", "0.3",
