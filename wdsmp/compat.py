@@ -61,9 +61,10 @@ class FluidInterface:
 
     def decode(self, *args, pre=None, post=None, only=None, partial=False, handler=reraise_exception,
                **kw):
-        """Decode fields by extension; strings are image specs ("rgb", "pil", "torchrgb", ...)."""
+        """Decode fields by extension; strings are image specs ("rgb", "pil", "torchrgb", ...).
+        Each decoded sample keeps its source's ``__key__``, as after ``map``."""
         return self.compose(filters.decode(*args, pre=pre, post=post, only=only, partial=partial,
-                                           handler=handler, **kw))
+                                           handler=handler, keep_key=True, **kw))
 
     def map_dict(self, handler=reraise_exception, **kw):
         """Apply ``kw[field]`` to each named field."""
