@@ -50,6 +50,17 @@ def test_fluid_decode_keeps_the_key_as_map_does(tmp_path):
     assert list(stage) == [{"t": b"0 0"}, {"t": b"0 1"}]
 
 
+def test_fluid_decode_checks_its_arguments_when_called(tmp_path):
+    # as in webdataset: a bad spec or keyword is an error at .decode(), not at the first sample
+    dataset = wds.WebDataset(make_shards(tmp_path, 1, 1))
+    with pytest.raises(ValueError, match="nope"):
+        dataset.decode("nope")
+    with pytest.raises(TypeError):
+        dataset.decode("rgb", bogus=1)
+    with pytest.raises(TypeError):
+        dataset.decode(3)
+
+
 def test_chaining_returns_a_new_pipeline(tmp_path):
     base = wds.WebDataset(make_shards(tmp_path))
     decoded = base.decode().to_tuple("txt", "cls")
