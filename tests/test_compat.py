@@ -40,6 +40,27 @@ def test_reads_every_sample_in_order(tmp_path):
     assert keys(dataset) == ALL  # a second epoch
 
 
+def test_fluid_decode_keeps_the_key_as_map_does(tmp_path):
+    # webdataset's .decode() is a .map(): each decoded sample gets its source's __key__,
+    # None where a renaming dropped it; the wds.decode stage does not add one
+    renamed = wds.WebDataset(make_shards(tmp_path, 1, 2)).rename(t="txt", keep=False)
+    assert list(renamed.decode()) == [{"t": b"0 0", "__key__": None}, {"t": b"0 1", "__key__": None}]
+    assert next(iter(renamed.decode("rgb8").batched(2)))["__key__"] == [None, None]
+    stage = wds.DataPipeline(renamed, wds.decode())
+    assert list(stage) == [{"t": b"0 0"}, {"t": b"0 1"}]
+
+
+def test_fluid_decode_checks_its_arguments_when_called(tmp_path):
+    # as in webdataset: a bad spec or keyword is an error at .decode(), not at the first sample
+    dataset = wds.WebDataset(make_shards(tmp_path, 1, 1))
+    with pytest.raises(ValueError, match="nope"):
+        dataset.decode("nope")
+    with pytest.raises(TypeError):
+        dataset.decode("rgb", bogus=1)
+    with pytest.raises(TypeError):
+        dataset.decode(3)
+
+
 def test_chaining_returns_a_new_pipeline(tmp_path):
     base = wds.WebDataset(make_shards(tmp_path))
     decoded = base.decode().to_tuple("txt", "cls")

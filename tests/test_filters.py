@@ -595,6 +595,17 @@ def test_collation_of_each_type():
     assert F.tuple2dict((5, 6)) == {0: 5, 1: 6} and F.dict2tuple({1: 6, 0: 5}) == (5, 6)
 
 
+def test_collation_of_bare_arrays_is_a_dict_by_row():
+    # a sample that is neither a dict nor a tuple/list (an array, a tensor) is taken apart
+    # along its first axis, and the batch is a dict of those positions, as in webdataset
+    batch = F.default_collation_fn([np.arange(6).reshape(2, 3), np.ones((2, 3), np.int64)])
+    assert isinstance(batch, dict) and list(batch) == [0, 1]
+    assert batch[0].tolist() == [[0, 1, 2], [1, 1, 1]] and batch[1].tolist() == [[3, 4, 5], [1, 1, 1]]
+    tensors = F.default_collation_fn([torch.zeros(2), torch.ones(2)])
+    assert isinstance(tensors, dict) and tensors[1].tolist() == [0.0, 1.0]
+    assert isinstance(F.default_collation_fn([[1, 2], [3, 4]]), tuple)  # lists: a tuple
+
+
 def test_collation_errors():
     bad = [{"img": np.zeros((2, 3))}, {"img": np.zeros((2, 3))}, {"img": np.zeros((3, 3))}]
     with pytest.raises(ValueError, match=r"cannot collate field 'img': sample 0 has shape "

@@ -149,6 +149,15 @@ def test_with_length_pickles(tmp_path):
         dataset.with_length(-1, silent=True)
 
 
+def test_with_length_is_the_size_attribute(tmp_path):
+    # as in webdataset, with_length(n) sets .size, which __len__ reads
+    dataset = DataPipeline(SimpleShardList(make_shards(tmp_path, 1, 2)), tarfile_to_samples())
+    dataset.with_length(3, silent=True)
+    assert dataset.size == 3
+    dataset.size = 5
+    assert len(dataset) == 5 and len(add_length_method(dataset)) == 5
+
+
 def test_with_epoch_starts_each_epoch_afresh(tmp_path):
     urls = make_shards(tmp_path, 2, 5)
     expected = all_keys(2, 5)

@@ -96,7 +96,8 @@ def dict2tuple(d):
 
 
 def default_collation_fn(samples, combine_tensors=True, combine_scalars=True):
-    """A batch from a list of samples: a dict of fields for dicts, a tuple for tuples."""
+    """A batch from a list of samples: a tuple for tuples and lists, else a dict (of fields
+    for dicts; of positions along the first axis for arrays and tensors, as webdataset)."""
     if not samples:
         raise ValueError("cannot collate an empty list of samples")
     rows = [tuple2dict(x) for x in samples]
@@ -107,12 +108,13 @@ def default_collation_fn(samples, combine_tensors=True, combine_scalars=True):
             raise ValueError(f"cannot collate samples with different {what}: sample 0 has "
                              f"{keys}, sample {i} has {list(row)}")
     is_dict = isinstance(samples[0], dict)
+    is_tuple = isinstance(samples[0], (list, tuple))
     result = {}
     for k in keys:
         name = f"field {k!r}" if is_dict else f"position {k}"
         result[k] = combine_values([row[k] for row in rows], combine_tensors, combine_scalars,
                                    name)
-    return result if is_dict else dict2tuple(result)
+    return dict2tuple(result) if is_tuple else result
 
 
 def _batched(data, batchsize=20, collation_fn=default_collation_fn, partial=True):

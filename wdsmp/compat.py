@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 from torch.utils.data import DataLoader, IterableDataset
 
 from . import _env, filters, shardlists
+from .autodecode import Decoder
 from .exact import ExactSamples
 from .handlers import reraise_exception
 from .pipeline import DataPipeline
@@ -61,9 +62,12 @@ class FluidInterface:
 
     def decode(self, *args, pre=None, post=None, only=None, partial=False, handler=reraise_exception,
                **kw):
-        """Decode fields by extension; strings are image specs ("rgb", "pil", "torchrgb", ...)."""
+        """Decode fields by extension; strings are image specs ("rgb", "pil", "torchrgb", ...).
+        Each decoded sample keeps its source's ``__key__``, as after ``map``."""
+        # built once here so that a bad spec or keyword fails now, as in webdataset
+        Decoder(list(args), pre=pre, post=post, only=only, partial=partial, **kw)
         return self.compose(filters.decode(*args, pre=pre, post=post, only=only, partial=partial,
-                                           handler=handler, **kw))
+                                           handler=handler, keep_key=True, **kw))
 
     def map_dict(self, handler=reraise_exception, **kw):
         """Apply ``kw[field]`` to each named field."""

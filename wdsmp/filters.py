@@ -418,17 +418,22 @@ associate = pipelinefilter(_associate)
 # -- decoding
 
 
-def _decode(data, *args, handler=reraise_exception, **kw):
+def _decode(data, *args, handler=reraise_exception, keep_key=False, **kw):
     """Decode each sample with ``wdsmp.autodecode.Decoder``.
 
     ``args`` are handlers ``f(".ext", data)`` or image specs such as "rgb";
     ``kw`` goes to the Decoder (``pre``, ``post``, ``only``, ``partial``,
-    ``unsafe``).
+    ``unsafe``). ``keep_key=True`` gives each decoded sample its source's
+    ``__key__`` (None where a renaming dropped it), as ``map`` does: the fluid
+    ``.decode()`` is a ``map`` in webdataset.
     """
     decoder = Decoder(list(args), **kw)
 
     def apply(sample):
-        yield decoder.decode(need_dict("decode", sample))
+        result = decoder.decode(need_dict("decode", sample))
+        if keep_key:
+            result["__key__"] = sample.get("__key__")
+        yield result
 
     yield from handle_each(data, apply, handler, "decode")
 

@@ -107,9 +107,10 @@ def _size_len(self):
 
 
 def _pipeline_len(self):
-    """A pipeline's length: from ``with_length``, else its counted source's."""
-    if self._length is not None:
-        return self._length
+    """A pipeline's length: ``size`` (which ``with_length`` sets), else its counted source's."""
+    size = getattr(self, "size", None)
+    if size is not None:
+        return size
     return len(counted_source(self))
 
 
@@ -185,7 +186,6 @@ class DataPipeline(IterableDataset):
         self.pipeline = []
         self.repetitions = 1
         self.nsamples = -1
-        self._length = None
         self._keep = False  # with_epoch mode, NOTE [epoch iterator]
         self._source = None
         self._source_pid = None
@@ -347,7 +347,7 @@ class DataPipeline(IterableDataset):
             warnings.warn(".with_length() only sets the value of __len__ for compatibility with "
                           "some training environments; it does not change the number of samples "
                           "in an epoch", UserWarning, stacklevel=2)
-        self._length = n
+        self.size = n  # webdataset's attribute, which code may read or set
         return _with_len(self, _pipeline_len)
 
     def __bool__(self):
