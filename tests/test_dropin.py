@@ -399,7 +399,7 @@ import wdsmp as wds
 
 # webdataset 1.0.2's submodules, listed by dir() and usable as attributes before anything imports them
 SUBMODULES = ["autodecode", "cache", "compat", "extradatasets", "filters", "handlers", "mix", "pipeline",
-              "shardlists", "tariterators", "tenbin", "utils", "writer"]
+              "pytorch", "shardlists", "tariterators", "tenbin", "utils", "writer"]
 listed = set(dir(wds))
 assert set(SUBMODULES) <= listed, sorted(set(SUBMODULES) - listed)
 assert set(wds.__all__) <= listed
@@ -408,6 +408,7 @@ shards = wds.shardlists.SimpleShardList(sys.argv[1:])
 assert callable(wds.tariterators.tar_file_expander) and wds.utils.enforce_security in (True, False)
 assert wds.writer.TarWriter is wds.TarWriter and wds.filters.to_tuple is wds.to_tuple
 assert callable(wds.tenbin.encode_buffer) and callable(wds.gopen)  # the function, not its module
+assert wds.pytorch.DataLoader is torch.utils.data.DataLoader and wds.pytorch.IterableDataset is torch.utils.data.IterableDataset
 OPENED = []
 
 

@@ -172,7 +172,7 @@ __all__ = [
 
 _ORIGIN = {name: module for module, names in _PUBLIC.items() for name in names}
 # The submodules ``dir(wdsmp)`` lists before they are imported, as an eager package would.
-_SUBMODULES = {module.partition(".")[0] for module in _PUBLIC}
+_SUBMODULES = {module.partition(".")[0] for module in _PUBLIC} | {"pytorch"}
 
 
 def __getattr__(name):
