@@ -1,5 +1,6 @@
 """Remote URLs through gopen: http(s), s3, gs, ais, rewriting and secure mode, against real servers on 127.0.0.1."""
 
+import base64
 import io
 import os
 import socket
@@ -101,6 +102,22 @@ def test_http_redirect(http_server):
     with gopen(http_server.url("alias/f.bin")) as stream:
         assert stream.read() == DATA
     assert [r.path for r in http_server.requests()] == ["/alias/f.bin", "/real/f.bin"]
+
+
+def test_http_credentials_in_the_url_are_sent(http_server):
+    # As curl (webdataset's opener) does: user:password@host is Basic authorization, %-decoded.
+    http_server.put_file("private/f.bin", DATA)
+    url = http_server.url("private/f.bin").replace("//", "//reader:p%40ss%20word@", 1)
+    with gopen(url) as stream:
+        assert stream.read() == DATA
+    with gopen(url.replace("f.bin", "g.bin"), "wb") as stream:
+        stream.write(b"uploaded")
+    expected = "Basic " + base64.b64encode(b"reader:p@ss word").decode()
+    assert [r.headers.get("Authorization") for r in http_server.requests()] == [expected, expected]
+    given = {"Authorization": "Bearer token"}  # an Authorization header given stays
+    with gopen(url, headers=given) as stream:
+        assert stream.read() == DATA
+    assert http_server.requests()[-1].headers.get("Authorization") == "Bearer token"
 
 
 def test_http_not_found(http_server):

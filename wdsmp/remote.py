@@ -46,6 +46,7 @@ the server look slow. Reads return as soon as some bytes arrive (urllib3's
 ``read1``), so that a trickle cannot hold one read for long.
 """
 
+import base64
 import functools
 import io
 import ipaddress
@@ -55,6 +56,7 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass, fields
+from urllib.parse import unquote, urlsplit
 
 from .errors import ShardError
 
@@ -571,13 +573,29 @@ class HTTPWriter(SpooledUpload):
         raise _status_error("PUT", response, self.where)
 
 
+def _with_url_credentials(url, headers):
+    """``headers`` with the Basic authorization that ``http://user:password@host/...`` asks for,
+    %-decoded, as curl sends it (urllib3 would drop the credentials); an Authorization given
+    in ``headers`` wins."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return headers  # the request fails with its own error
+    if parts.username is None or any(name.lower() == "authorization" for name in headers):
+        return headers
+    credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
+    return dict(headers, Authorization="Basic " + base64.b64encode(credentials).decode("ascii"))
+
+
 def open_http(url, mode="rb", bufsize=8192, headers=None, origin=None, **kw):
     """Open an http(s) URL: a BufferedReader over an :class:`HTTPReader`, or an :class:`HTTPWriter`.
 
     Keywords of :class:`RemoteOptions` set timeouts and retries; ``headers`` are
-    sent with each request; other keywords are ignored.
+    sent with each request, with Basic authorization for credentials in the URL
+    (``https://user:password@host/...``); other keywords are ignored.
     """
     options = RemoteOptions.from_kw(kw)
+    headers = _with_url_credentials(url, headers or {})
     if mode == "rb":
         return buffered_reader(HTTPReader(url, options, headers, origin), bufsize)
     if mode == "wb":
