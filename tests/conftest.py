@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 import wdsmp.native
-from tests.servers import _file_server, _moto_server, http_server, s3_server  # noqa: F401
+from tests.servers import _file_server, _moto_server, _proxy_server, http_proxy, http_server, s3_server  # noqa: F401
 
 
 @pytest.fixture(params=["native", "python"])

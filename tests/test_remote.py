@@ -120,6 +120,21 @@ def test_http_credentials_in_the_url_are_sent(http_server):
     assert http_server.requests()[-1].headers.get("Authorization") == "Bearer token"
 
 
+def test_http_through_the_proxy_the_environment_names(http_server, http_proxy, monkeypatch):
+    url = http_server.put_file("p/f.bin", DATA)
+    monkeypatch.setenv("http_proxy", http_proxy.endpoint.removeprefix("http://"))  # no scheme: http, as in curl
+    with gopen(url) as stream:
+        assert stream.read() == DATA
+    with gopen(url.replace("f.bin", "g.bin"), "wb") as stream:
+        stream.write(b"uploaded")
+    assert http_proxy.log == [url, url.replace("f.bin", "g.bin")]
+    assert http_server.file("p/g.bin") == b"uploaded"
+    monkeypatch.setenv("no_proxy", "localhost,127.0.0.1")  # hosts that bypass it
+    with gopen(url) as stream:
+        assert stream.read() == DATA
+    assert len(http_proxy.log) == 2
+
+
 def test_http_not_found(http_server):
     url = http_server.url("missing.tar")
     with pytest.raises(ShardError, match=r"GET failed: HTTP 404 Not Found: no such file") as info:

@@ -9,7 +9,8 @@ short shard. Writing, a :class:`SpooledUpload` collects the bytes in a spool
 (memory, then a temporary file) and uploads them on ``close()``, so a failed
 upload can be retried from the start and nothing half-written appears remotely.
 
-HTTP goes through urllib3 (already a dependency of botocore), never a shell;
+HTTP goes through urllib3 (already a dependency of botocore), never a shell, and
+through the proxy that ``http_proxy``/``https_proxy`` name (``no_proxy`` excepted);
 its ``Retry`` follows redirects and retries a request that fails before a reply
 (backoff, Retry-After), so wdsmp's own loop is only the resume below.
 
@@ -58,6 +59,7 @@ import time
 from dataclasses import dataclass, fields
 from urllib.parse import unquote, urlsplit
 
+from . import _env
 from .errors import ShardError
 
 __all__ = [
@@ -418,7 +420,8 @@ class SpooledUpload(io.RawIOBase):
 # HTTP
 
 
-_pool = None  # (pid, urllib3.PoolManager): connections are never shared across a fork
+_pools = {}  # proxy URL or None -> urllib3 pool manager, of the process in _pools_pid
+_pools_pid = None  # connections are never shared across a fork
 
 
 def _urllib3():
@@ -429,12 +432,24 @@ def _urllib3():
     return urllib3
 
 
-def _pool_manager():
-    global _pool
-    pid = os.getpid()
-    if _pool is None or _pool[0] != pid:
-        _pool = (pid, _urllib3().PoolManager(num_pools=32, maxsize=16))
-    return _pool[1]
+def _pool_manager(url):
+    """The pool manager for ``url``: direct, or through the proxy the environment names for
+    it (``_env.http_proxy``: curl's variables, which webdataset's curl reads too)."""
+    global _pools_pid
+    if _pools_pid != os.getpid():
+        _pools.clear()
+        _pools_pid = os.getpid()
+    parts = urlsplit(url)
+    proxy = _env.http_proxy(parts.scheme, parts.hostname or "")
+    manager = _pools.get(proxy)
+    if manager is None:
+        urllib3 = _urllib3()
+        if proxy is None:
+            manager = urllib3.PoolManager(num_pools=32, maxsize=16)
+        else:
+            manager = urllib3.ProxyManager(proxy, num_pools=32, maxsize=16)
+        _pools[proxy] = manager
+    return manager
 
 
 def _retry_policy(options, retries):
@@ -501,9 +516,10 @@ def _send(method, url, headers, body, options, where, retries):
     errors = urllib3.exceptions
     timeout = urllib3.Timeout(connect=options.connect_timeout, read=options.read_timeout)
     try:
-        return _pool_manager().urlopen(method, url, body=body, headers=headers, retries=_retry_policy(options, retries),
-                                       body_pos=None if body is None else 0, preload_content=False,
-                                       decode_content=False, timeout=timeout)
+        return _pool_manager(url).urlopen(method, url, body=body, headers=headers,
+                                          retries=_retry_policy(options, retries),
+                                          body_pos=None if body is None else 0, preload_content=False,
+                                          decode_content=False, timeout=timeout)
     except errors.MaxRetryError as exn:
         if exn.pool is not None and refused_here(exn.reason, exn.pool.host):
             raise _refused_error(method, exn.pool.host, exn.pool.port, where) from exn
