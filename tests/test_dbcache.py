@@ -158,6 +158,15 @@ def test_same_keys_in_different_shards_are_different_samples(tmp_path):
     assert list(cache) == first  # served from the file: all 8, not one per key
 
 
+def test_a_file_that_is_no_database_is_named_in_the_error(tmp_path):
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database" * 100)
+    with pytest.raises(sqlite3.DatabaseError, match=r"DBCache '.*garbage\.db': file is not a database"):
+        DBCache(Counted(3), garbage, 10, verbose=False)
+    with pytest.raises(sqlite3.OperationalError, match=r"DBCache '.*missing/c\.db': unable to open"):
+        DBCache(Counted(3), tmp_path / "missing" / "c.db", 10, verbose=False)
+
+
 def test_pickles_and_splits_among_dataloader_workers(tmp_path):
     source = Counted(12)
     list(DBCache(source, tmp_path / "c.db", 12, verbose=False))

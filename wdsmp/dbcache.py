@@ -95,12 +95,19 @@ class DBCache(IterableDataset):
     def _connect(self):
         """This process's connection (a forked or spawned copy opens its own)."""
         if self._db is None or self._pid != os.getpid():
-            db = sqlite3.connect(self.fname, timeout=self.timeout, isolation_level=None,
-                                 check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")  # WAL stays consistent; a crash loses the last inserts
-            for statement in _SCHEMA:
-                db.execute(statement)
+            try:
+                db = sqlite3.connect(self.fname, timeout=self.timeout, isolation_level=None,
+                                     check_same_thread=False)
+            except sqlite3.Error as exn:
+                raise type(exn)(f"DBCache {self.fname!r}: {exn}") from exn
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")  # WAL stays consistent; a crash loses the last inserts
+                for statement in _SCHEMA:
+                    db.execute(statement)
+            except sqlite3.Error as exn:
+                db.close()
+                raise type(exn)(f"DBCache {self.fname!r}: {exn}") from exn
             self._db, self._pid = db, os.getpid()
         return self._db
 
