@@ -150,14 +150,19 @@ def cache_dir():
 
 
 def cache_size():
-    """``WDS_CACHE_SIZE``: the shard cache's size cap in bytes; None when unset."""
+    """``WDS_CACHE_SIZE``: the shard cache's size cap in bytes (``inf``: no cap, as unset); None
+    when unset. A negative or NaN value is an error: it would cache nothing, warning per shard."""
     value = os.environ.get("WDS_CACHE_SIZE")
     if value is None or not value.strip():
         return None
     try:
-        return int(float(value))
+        size = float(value)
     except ValueError:
         raise ValueError(f"environment variable WDS_CACHE_SIZE={value!r} is not a number") from None
+    if not size >= 0:
+        raise ValueError(f"environment variable WDS_CACHE_SIZE={value!r} must be a number of bytes >= 0 "
+                         f"(0 turns caching off; unset it for no cap)")
+    return None if size == float("inf") else int(size)
 
 
 def verbose_cache():
