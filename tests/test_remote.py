@@ -629,6 +629,13 @@ def test_gopen_verbose(http_server, monkeypatch, capsys):
     with gopen("gs://x.bin") as stream:
         assert stream.read() == b"x"
     assert f"# gopen 'gs://x.bin' -> '{http_server.endpoint}/m/x.bin'" in capsys.readouterr().err
+    http_server.put_file("v1/objects/bucket/y.bin", b"y")
+    monkeypatch.delenv("GOPEN_REWRITE")
+    monkeypatch.setenv("USE_AIS_FOR", "gs")
+    monkeypatch.setenv("AIS_ENDPOINT", http_server.endpoint)
+    with gopen("gs://bucket/y.bin") as stream:
+        assert stream.read() == b"y"
+    assert "# gopen 'gs://bucket/y.bin' through AIStore (USE_AIS_FOR)" in capsys.readouterr().err
 
 
 # -- webdataset's other openers
