@@ -336,6 +336,18 @@ def test_s3_bad_url():
         gopen("s3://bucket-only")
 
 
+@pytest.mark.parametrize("variable, value, message", [
+    ("AWS_PROFILE", "no-such-profile", r"The config profile \(no-such-profile\) could not be found"),
+    ("AWS_ENDPOINT_URL", "not a url", r"Invalid endpoint: not a url"),
+])
+@pytest.mark.parametrize("mode", ["rb", "wb"])
+def test_s3_bad_aws_settings_name_the_url(s3_server, monkeypatch, variable, value, message, mode):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ShardError, match=rf"cannot make an S3 client from the AWS settings: {message}") as info:
+        gopen("s3://bucket/x.tar", mode)
+    assert info.value.url == "s3://bucket/x.tar"
+
+
 def test_s3_shards_roundtrip(s3_server, tmp_path):
     s3_server.create_bucket("shards")
     samples = make_samples(9)
