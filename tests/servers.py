@@ -282,6 +282,7 @@ class _ProxyHandler(BaseHTTPRequestHandler):
     def _forward(self):
         target = urlsplit(self.path)
         self.server.log.append(self.path)
+        self.server.authorizations.append(self.headers.get("Proxy-Authorization"))
         body = self.rfile.read(int(self.headers.get("Content-Length", 0))) if self.command == "PUT" else None
         headers = {k: v for k, v in self.headers.items() if k.lower() not in self._HOP_BY_HOP}
         connection = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
@@ -305,12 +306,13 @@ class _ProxyHandler(BaseHTTPRequestHandler):
 
 class ForwardProxy:
     """A forwarding HTTP proxy on 127.0.0.1 (requests with absolute URIs, replies relayed
-    whole); ``log`` holds the URIs it was asked for."""
+    whole); ``log`` holds the URIs it was asked for, ``authorizations`` their Proxy-Authorization."""
 
     def __init__(self):
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _ProxyHandler)
         self._server.daemon_threads = True
         self._server.log = self.log = []
+        self._server.authorizations = self.authorizations = []
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
         self._thread = threading.Thread(target=self._server.serve_forever, kwargs=dict(poll_interval=0.05),
                                         daemon=True)
@@ -424,4 +426,5 @@ def http_proxy(_proxy_server, monkeypatch):
         if name.lower() in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
             monkeypatch.delenv(name)
     _proxy_server.log.clear()
+    _proxy_server.authorizations.clear()
     return _proxy_server

@@ -129,10 +129,21 @@ def test_http_through_the_proxy_the_environment_names(http_server, http_proxy, m
         stream.write(b"uploaded")
     assert http_proxy.log == [url, url.replace("f.bin", "g.bin")]
     assert http_server.file("p/g.bin") == b"uploaded"
+    assert http_proxy.authorizations == [None, None]
     monkeypatch.setenv("no_proxy", "localhost,127.0.0.1")  # hosts that bypass it
     with gopen(url) as stream:
         assert stream.read() == DATA
     assert len(http_proxy.log) == 2
+
+
+def test_http_proxy_credentials_are_sent_to_the_proxy(http_server, http_proxy, monkeypatch):
+    url = http_server.put_file("p/f.bin", DATA)
+    monkeypatch.setenv("HTTP_PROXY", http_proxy.endpoint.replace("//", "//me:s%3Acret@"))
+    with gopen(url) as stream:
+        assert stream.read() == DATA
+    assert http_proxy.log == [url]
+    assert http_proxy.authorizations == ["Basic " + base64.b64encode(b"me:s:cret").decode()]
+    assert http_server.requests()[0].headers.get("Authorization") is None  # for the proxy only
 
 
 def test_http_not_found(http_server):

@@ -446,8 +446,10 @@ def _pool_manager(url):
         urllib3 = _urllib3()
         if proxy is None:
             manager = urllib3.PoolManager(num_pools=32, maxsize=16)
-        else:
-            manager = urllib3.ProxyManager(proxy, num_pools=32, maxsize=16)
+        else:  # credentials in the proxy's URL are sent to it, as curl sends them
+            credentials = _url_credentials(proxy)
+            auth = {} if credentials is None else urllib3.make_headers(proxy_basic_auth=credentials)
+            manager = urllib3.ProxyManager(proxy, num_pools=32, maxsize=16, proxy_headers=auth)
         _pools[proxy] = manager
     return manager
 
@@ -589,18 +591,25 @@ class HTTPWriter(SpooledUpload):
         raise _status_error("PUT", response, self.where)
 
 
-def _with_url_credentials(url, headers):
-    """``headers`` with the Basic authorization that ``http://user:password@host/...`` asks for,
-    %-decoded, as curl sends it (urllib3 would drop the credentials); an Authorization given
-    in ``headers`` wins."""
+def _url_credentials(url):
+    """``"user:password"`` of ``scheme://user:password@host/...``, %-decoded as curl decodes
+    it; None when the URL has none (or cannot be parsed: its request fails on its own)."""
     try:
         parts = urlsplit(url)
     except ValueError:
-        return headers  # the request fails with its own error
-    if parts.username is None or any(name.lower() == "authorization" for name in headers):
+        return None
+    if parts.username is None:
+        return None
+    return f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+
+
+def _with_url_credentials(url, headers):
+    """``headers`` with the Basic authorization that credentials in ``url`` ask for, as curl
+    sends it (urllib3 would drop them); an Authorization given in ``headers`` wins."""
+    credentials = _url_credentials(url)
+    if credentials is None or any(name.lower() == "authorization" for name in headers):
         return headers
-    credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}".encode()
-    return dict(headers, Authorization="Basic " + base64.b64encode(credentials).decode("ascii"))
+    return dict(headers, Authorization="Basic " + base64.b64encode(credentials.encode()).decode("ascii"))
 
 
 def open_http(url, mode="rb", bufsize=8192, headers=None, origin=None, **kw):
