@@ -26,7 +26,8 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-__all__ = ["Fault", "FileServer", "ForwardProxy", "Request", "S3Server", "http_proxy", "http_server", "s3_server"]
+__all__ = ["Fault", "FileServer", "ForwardProxy", "Request", "S3Server", "http_proxy", "http_server", "s3_server",
+           "without_proxies"]
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 FAULT_KINDS = ("status", "reset", "short", "stall", "trickle", "redirect", "ignore_range")
@@ -387,6 +388,13 @@ def _file_server():
     server.stop()
 
 
+def without_proxies(monkeypatch):
+    """Unset the proxy variables, which http(s) URLs follow: requests to 127.0.0.1 go there directly."""
+    for name in list(os.environ):
+        if name.lower() in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+            monkeypatch.delenv(name)
+
+
 @pytest.fixture
 def http_server(_file_server, tmp_path):
     """The session's :class:`FileServer`, serving a fresh ``tmp_path/"http"``, no faults, empty log."""
@@ -422,9 +430,7 @@ def _proxy_server():
 @pytest.fixture
 def http_proxy(_proxy_server, monkeypatch):
     """The session's :class:`ForwardProxy`, its log emptied, and no proxy variable set (a test sets them)."""
-    for name in list(os.environ):
-        if name.lower() in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
-            monkeypatch.delenv(name)
+    without_proxies(monkeypatch)
     _proxy_server.log.clear()
     _proxy_server.authorizations.clear()
     return _proxy_server

@@ -130,6 +130,9 @@ def test_http_through_the_proxy_the_environment_names(http_server, http_proxy, m
     assert http_proxy.log == [url, url.replace("f.bin", "g.bin")]
     assert http_server.file("p/g.bin") == b"uploaded"
     assert http_proxy.authorizations == [None, None]
+    monkeypatch.setenv("http_proxy", f"127.0.0.1:{_closed_port()}")  # nothing listens: said of the proxy
+    with pytest.raises(ShardError, match=r"connection refused by 127\.0\.0\.1:\d+, .*start the proxy"):
+        gopen(url, retries=5, backoff=30, max_backoff=30)  # not retried either
     monkeypatch.setenv("no_proxy", "localhost,127.0.0.1")  # hosts that bypass it
     with gopen(url) as stream:
         assert stream.read() == DATA

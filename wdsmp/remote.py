@@ -168,9 +168,10 @@ def refused_here(exn, host):
     return False
 
 
-def _refused_error(method, host, port, where):
+def _refused_error(method, host, port, where, proxy=False):
+    server = "the proxy (the proxy variables name it)" if proxy else "the server"
     return ShardError(f"{method} failed: connection refused by {host}:{port}, on this machine: nothing listens "
-                      f"there (not retried: start the server, or check the port)", url=where)
+                      f"there (not retried: start {server}, or check the port)", url=where)
 
 
 def _located(url, origin):
@@ -517,14 +518,16 @@ def _send(method, url, headers, body, options, where, retries):
     urllib3 = _urllib3()
     errors = urllib3.exceptions
     timeout = urllib3.Timeout(connect=options.connect_timeout, read=options.read_timeout)
+    manager = _pool_manager(url)
     try:
-        return _pool_manager(url).urlopen(method, url, body=body, headers=headers,
-                                          retries=_retry_policy(options, retries),
-                                          body_pos=None if body is None else 0, preload_content=False,
-                                          decode_content=False, timeout=timeout)
+        return manager.urlopen(method, url, body=body, headers=headers, retries=_retry_policy(options, retries),
+                               body_pos=None if body is None else 0, preload_content=False,
+                               decode_content=False, timeout=timeout)
     except errors.MaxRetryError as exn:
         if exn.pool is not None and refused_here(exn.reason, exn.pool.host):
-            raise _refused_error(method, exn.pool.host, exn.pool.port, where) from exn
+            proxy = getattr(manager, "proxy", None)
+            through = proxy is not None and (exn.pool.host, exn.pool.port) == (proxy.host, proxy.port)
+            raise _refused_error(method, exn.pool.host, exn.pool.port, where, through) from exn
         if isinstance(exn.reason, errors.ResponseError):  # the only one raised: too many redirects
             raise ShardError(f"{method} failed: more than {_REDIRECTS} redirects, the last to {exn.url}",
                              url=where) from exn
