@@ -139,6 +139,18 @@ def test_http_through_the_proxy_the_environment_names(http_server, http_proxy, m
     assert len(http_proxy.log) == 2
 
 
+def test_http_through_a_socks_proxy_needs_pysocks(http_server, http_proxy, monkeypatch):
+    url = http_server.put_file("p/f.bin", DATA)
+    monkeypatch.setitem(sys.modules, "socks", None)  # PySocks absent
+    monkeypatch.setenv("all_proxy", "socks5://127.0.0.1:1080")
+    with pytest.raises(ImportError, match=r"the proxy socks5://127.0.0.1:1080 for .*f.bin is a SOCKS proxy, "
+                                          r"which needs PySocks: pip install pysocks"):
+        gopen(url)
+    monkeypatch.setenv("http_proxy", "ftp://127.0.0.1:21")  # a scheme no proxy has
+    with pytest.raises(ShardError, match=r"GET failed: .*ftp"):
+        gopen(url)
+
+
 def test_http_proxy_credentials_are_sent_to_the_proxy(http_server, http_proxy, monkeypatch):
     url = http_server.put_file("p/f.bin", DATA)
     monkeypatch.setenv("HTTP_PROXY", http_proxy.endpoint.replace("//", "//me:s%3Acret@"))

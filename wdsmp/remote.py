@@ -447,6 +447,15 @@ def _pool_manager(url):
         urllib3 = _urllib3()
         if proxy is None:
             manager = urllib3.PoolManager(num_pools=32, maxsize=16)
+        elif urlsplit(proxy).scheme.lower().startswith("socks"):
+            try:
+                import socks  # noqa: F401 - PySocks; first, so that urllib3 warns of nothing missing
+            except ImportError as exn:
+                raise ImportError(f"the proxy {proxy} for {url} is a SOCKS proxy, which needs PySocks: "
+                                  f"pip install pysocks") from exn
+            from urllib3.contrib.socks import SOCKSProxyManager
+
+            manager = SOCKSProxyManager(proxy, num_pools=32, maxsize=16)  # it takes credentials from the URL
         else:  # credentials in the proxy's URL are sent to it, as curl sends them
             credentials = _url_credentials(proxy)
             auth = {} if credentials is None else urllib3.make_headers(proxy_basic_auth=credentials)
@@ -518,8 +527,9 @@ def _send(method, url, headers, body, options, where, retries):
     urllib3 = _urllib3()
     errors = urllib3.exceptions
     timeout = urllib3.Timeout(connect=options.connect_timeout, read=options.read_timeout)
-    manager = _pool_manager(url)
+    manager = None
     try:
+        manager = _pool_manager(url)
         return manager.urlopen(method, url, body=body, headers=headers, retries=_retry_policy(options, retries),
                                body_pos=None if body is None else 0, preload_content=False,
                                decode_content=False, timeout=timeout)
