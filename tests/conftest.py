@@ -12,7 +12,8 @@ import psutil
 import pytest
 
 import wdsmp.native
-from tests.servers import _file_server, _moto_server, http_server, s3_server  # noqa: F401
+from tests.servers import _file_server, _moto_server, _proxy_server, http_proxy, http_server, s3_server  # noqa: F401
+from tests.servers import without_proxies
 
 
 @pytest.fixture(params=["native", "python"])
@@ -77,6 +78,13 @@ def user_cache(tmp_path_factory):
         del os.environ["XDG_CACHE_HOME"]
     else:
         os.environ["XDG_CACHE_HOME"] = before
+
+
+@pytest.fixture(autouse=True)
+def no_proxies(monkeypatch):
+    """No proxy variable of the machine running the suite reaches the tests: http(s) URLs follow
+    them, and the test servers are on 127.0.0.1 (tests of proxies set their own)."""
+    without_proxies(monkeypatch)
 
 
 @pytest.fixture(autouse=True)

@@ -6,10 +6,12 @@ with Range, ETag, PUT uploads, a request log, and faults a test sets per path
 stall, a trickle, a redirect, a Range request answered with the whole object).
 ``s3_server``: moto's S3 as a real server over HTTP, with the AWS variables
 (dummy credentials, region, ``AWS_ENDPOINT_URL``) pointing at it.
+``http_proxy``: a forwarding HTTP proxy, with the proxy variables cleared.
 
-Both servers live for the session; the function-scoped fixtures reset them.
+The servers live for the session; the function-scoped fixtures reset them.
 """
 
+import http.client
 import os
 import re
 import socket
@@ -24,7 +26,8 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 
-__all__ = ["Fault", "FileServer", "Request", "S3Server", "http_server", "s3_server"]
+__all__ = ["Fault", "FileServer", "ForwardProxy", "Request", "S3Server", "http_proxy", "http_server", "s3_server",
+           "without_proxies"]
 
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 FAULT_KINDS = ("status", "reset", "short", "stall", "trickle", "redirect", "ignore_range")
@@ -270,6 +273,58 @@ class FileServer:
         return self._reply(handler, 201)
 
 
+class _ProxyHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    _HOP_BY_HOP = ("connection", "keep-alive", "proxy-connection", "proxy-authorization", "transfer-encoding")
+
+    def log_message(self, format, *args):  # noqa: A002 - the base class's name
+        pass
+
+    def _forward(self):
+        target = urlsplit(self.path)
+        self.server.log.append(self.path)
+        self.server.authorizations.append(self.headers.get("Proxy-Authorization"))
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0))) if self.command == "PUT" else None
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in self._HOP_BY_HOP}
+        connection = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+        try:
+            connection.request(self.command, target.path + (f"?{target.query}" if target.query else ""),
+                               body=body, headers=headers)
+            reply = connection.getresponse()
+            data = reply.read()
+        finally:
+            connection.close()
+        self.send_response(reply.status, reply.reason)
+        for name, value in reply.getheaders():
+            if name.lower() not in self._HOP_BY_HOP and name.lower() != "content-length":
+                self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_PUT = _forward
+
+
+class ForwardProxy:
+    """A forwarding HTTP proxy on 127.0.0.1 (requests with absolute URIs, replies relayed
+    whole); ``log`` holds the URIs it was asked for, ``authorizations`` their Proxy-Authorization."""
+
+    def __init__(self):
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _ProxyHandler)
+        self._server.daemon_threads = True
+        self._server.log = self.log = []
+        self._server.authorizations = self.authorizations = []
+        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs=dict(poll_interval=0.05),
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(10)
+
+
 class S3Server:
     """moto's S3 on 127.0.0.1 as a real server (not moto's in-process mocks)."""
 
@@ -333,6 +388,13 @@ def _file_server():
     server.stop()
 
 
+def without_proxies(monkeypatch):
+    """Unset the proxy variables, which http(s) URLs follow: requests to 127.0.0.1 go there directly."""
+    for name in list(os.environ):
+        if name.lower() in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+            monkeypatch.delenv(name)
+
+
 @pytest.fixture
 def http_server(_file_server, tmp_path):
     """The session's :class:`FileServer`, serving a fresh ``tmp_path/"http"``, no faults, empty log."""
@@ -356,3 +418,19 @@ def s3_server(_moto_server, monkeypatch, tmp_path):
     _moto_server.reset()
     aws_environment(monkeypatch, tmp_path, _moto_server.endpoint, _moto_server.region)
     return _moto_server
+
+
+@pytest.fixture(scope="session")
+def _proxy_server():
+    server = ForwardProxy()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def http_proxy(_proxy_server, monkeypatch):
+    """The session's :class:`ForwardProxy`, its log emptied, and no proxy variable set (a test sets them)."""
+    without_proxies(monkeypatch)
+    _proxy_server.log.clear()
+    _proxy_server.authorizations.clear()
+    return _proxy_server

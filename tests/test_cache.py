@@ -527,6 +527,14 @@ def test_bad_settings_are_rejected(tmp_path, kw, match):
         FileCache(str(tmp_path / "cache"), **kw)
 
 
+@pytest.mark.parametrize("value", ["-1", "-5e9", "nan"])
+def test_a_negative_wds_cache_size_is_rejected(tmp_path, monkeypatch, value):
+    # FileCache takes a negative cache_size as "WDS_CACHE_SIZE": the variable has no such way out.
+    monkeypatch.setenv("WDS_CACHE_SIZE", value)
+    with pytest.raises(ValueError, match=rf"WDS_CACHE_SIZE={value!r} must be a number of bytes >= 0"):
+        FileCache(str(tmp_path / "cache"))
+
+
 def test_lru_cleanup_class_runs_at_most_once_per_interval(tmp_path):
     cache = tmp_path / "cache"
     shard = make_shard(tmp_path / "small.tar", n=1, size=1000)

@@ -145,6 +145,28 @@ def test_wraps_a_pipeline_of_shards(tmp_path):
     assert expected[0]["__url__"] == url and expected[0]["txt"] == b"sample 0"
 
 
+def test_same_keys_in_different_shards_are_different_samples(tmp_path):
+    # Keys are a sample's name within its shard: shards written apart often reuse them.
+    for number in range(2):
+        with wdsmp.TarWriter(str(tmp_path / f"shard-{number}.tar")) as writer:
+            for i in range(4):
+                writer.write({"__key__": f"{i:06d}", "txt": f"shard {number} sample {i}"})
+    pipeline = DataPipeline(SimpleShardList(str(tmp_path / "shard-{0..1}.tar")), tarfile_to_samples())
+    cache = DBCache(pipeline, tmp_path / "c.db", 100, verbose=False)
+    first = list(cache)
+    assert len(first) == 8
+    assert list(cache) == first  # served from the file: all 8, not one per key
+
+
+def test_a_file_that_is_no_database_is_named_in_the_error(tmp_path):
+    garbage = tmp_path / "garbage.db"
+    garbage.write_bytes(b"not a database" * 100)
+    with pytest.raises(sqlite3.DatabaseError, match=r"DBCache '.*garbage\.db': file is not a database"):
+        DBCache(Counted(3), garbage, 10, verbose=False)
+    with pytest.raises(sqlite3.OperationalError, match=r"DBCache '.*missing/c\.db': unable to open"):
+        DBCache(Counted(3), tmp_path / "missing" / "c.db", 10, verbose=False)
+
+
 def test_pickles_and_splits_among_dataloader_workers(tmp_path):
     source = Counted(12)
     list(DBCache(source, tmp_path / "c.db", 12, verbose=False))

@@ -1,5 +1,6 @@
 """Remote URLs through gopen: http(s), s3, gs, ais, rewriting and secure mode, against real servers on 127.0.0.1."""
 
+import base64
 import io
 import os
 import socket
@@ -101,6 +102,63 @@ def test_http_redirect(http_server):
     with gopen(http_server.url("alias/f.bin")) as stream:
         assert stream.read() == DATA
     assert [r.path for r in http_server.requests()] == ["/alias/f.bin", "/real/f.bin"]
+
+
+def test_http_credentials_in_the_url_are_sent(http_server):
+    # As curl (webdataset's opener) does: user:password@host is Basic authorization, %-decoded.
+    http_server.put_file("private/f.bin", DATA)
+    url = http_server.url("private/f.bin").replace("//", "//reader:p%40ss%20word@", 1)
+    with gopen(url) as stream:
+        assert stream.read() == DATA
+    with gopen(url.replace("f.bin", "g.bin"), "wb") as stream:
+        stream.write(b"uploaded")
+    expected = "Basic " + base64.b64encode(b"reader:p@ss word").decode()
+    assert [r.headers.get("Authorization") for r in http_server.requests()] == [expected, expected]
+    given = {"Authorization": "Bearer token"}  # an Authorization header given stays
+    with gopen(url, headers=given) as stream:
+        assert stream.read() == DATA
+    assert http_server.requests()[-1].headers.get("Authorization") == "Bearer token"
+
+
+def test_http_through_the_proxy_the_environment_names(http_server, http_proxy, monkeypatch):
+    url = http_server.put_file("p/f.bin", DATA)
+    monkeypatch.setenv("http_proxy", http_proxy.endpoint.removeprefix("http://"))  # no scheme: http, as in curl
+    with gopen(url) as stream:
+        assert stream.read() == DATA
+    with gopen(url.replace("f.bin", "g.bin"), "wb") as stream:
+        stream.write(b"uploaded")
+    assert http_proxy.log == [url, url.replace("f.bin", "g.bin")]
+    assert http_server.file("p/g.bin") == b"uploaded"
+    assert http_proxy.authorizations == [None, None]
+    monkeypatch.setenv("http_proxy", f"127.0.0.1:{_closed_port()}")  # nothing listens: said of the proxy
+    with pytest.raises(ShardError, match=r"connection refused by 127\.0\.0\.1:\d+, .*start the proxy"):
+        gopen(url, retries=5, backoff=30, max_backoff=30)  # not retried either
+    monkeypatch.setenv("no_proxy", "localhost,127.0.0.1")  # hosts that bypass it
+    with gopen(url) as stream:
+        assert stream.read() == DATA
+    assert len(http_proxy.log) == 2
+
+
+def test_http_through_a_socks_proxy_needs_pysocks(http_server, http_proxy, monkeypatch):
+    url = http_server.put_file("p/f.bin", DATA)
+    monkeypatch.setitem(sys.modules, "socks", None)  # PySocks absent
+    monkeypatch.setenv("all_proxy", "socks5://127.0.0.1:1080")
+    with pytest.raises(ImportError, match=r"the proxy socks5://127.0.0.1:1080 for .*f.bin is a SOCKS proxy, "
+                                          r"which needs PySocks: pip install pysocks"):
+        gopen(url)
+    monkeypatch.setenv("http_proxy", "ftp://127.0.0.1:21")  # a scheme no proxy has
+    with pytest.raises(ShardError, match=r"GET failed: .*ftp"):
+        gopen(url)
+
+
+def test_http_proxy_credentials_are_sent_to_the_proxy(http_server, http_proxy, monkeypatch):
+    url = http_server.put_file("p/f.bin", DATA)
+    monkeypatch.setenv("HTTP_PROXY", http_proxy.endpoint.replace("//", "//me:s%3Acret@"))
+    with gopen(url) as stream:
+        assert stream.read() == DATA
+    assert http_proxy.log == [url]
+    assert http_proxy.authorizations == ["Basic " + base64.b64encode(b"me:s:cret").decode()]
+    assert http_server.requests()[0].headers.get("Authorization") is None  # for the proxy only
 
 
 def test_http_not_found(http_server):
@@ -302,6 +360,18 @@ def test_s3_missing(s3_server):
 def test_s3_bad_url():
     with pytest.raises(ShardError, match="needs a bucket and a key"):
         gopen("s3://bucket-only")
+
+
+@pytest.mark.parametrize("variable, value, message", [
+    ("AWS_PROFILE", "no-such-profile", r"The config profile \(no-such-profile\) could not be found"),
+    ("AWS_ENDPOINT_URL", "not a url", r"Invalid endpoint: not a url"),
+])
+@pytest.mark.parametrize("mode", ["rb", "wb"])
+def test_s3_bad_aws_settings_name_the_url(s3_server, monkeypatch, variable, value, message, mode):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ShardError, match=rf"cannot make an S3 client from the AWS settings: {message}") as info:
+        gopen("s3://bucket/x.tar", mode)
+    assert info.value.url == "s3://bucket/x.tar"
 
 
 def test_s3_shards_roundtrip(s3_server, tmp_path):
@@ -597,6 +667,13 @@ def test_gopen_verbose(http_server, monkeypatch, capsys):
     with gopen("gs://x.bin") as stream:
         assert stream.read() == b"x"
     assert f"# gopen 'gs://x.bin' -> '{http_server.endpoint}/m/x.bin'" in capsys.readouterr().err
+    http_server.put_file("v1/objects/bucket/y.bin", b"y")
+    monkeypatch.delenv("GOPEN_REWRITE")
+    monkeypatch.setenv("USE_AIS_FOR", "gs")
+    monkeypatch.setenv("AIS_ENDPOINT", http_server.endpoint)
+    with gopen("gs://bucket/y.bin") as stream:
+        assert stream.read() == b"y"
+    assert "# gopen 'gs://bucket/y.bin' through AIStore (USE_AIS_FOR)" in capsys.readouterr().err
 
 
 # -- webdataset's other openers

@@ -84,6 +84,8 @@ def test_json_file_is_not_read_as_yaml(tmp_path):
     ({"dataset": [{"scaleprob": 1}]}, r"collection 0: 'shards' is missing"),
     ({"dataset": [{"shards": []}]}, r"collection 0: 'shards' must be a shard spec"),
     ({"dataset": [{"shards": "a-{0..2.tar"}]}, r"collection 0: 'shards' unbalanced braces"),
+    ({"dataset": [{"shards": ""}]}, r"collection 0: 'shards' names an empty URL"),
+    ({"dataset": [{"shards": "a.tar::"}]}, r"collection 0: 'shards' names an empty URL"),
     ({"dataset": [{"shards": "a.tar", "scaleprob": -0.5}]},
      r"collection 0: 'scaleprob' must not be negative, not -0.5"),
     ({"dataset": [{"shards": "a.tar", "scaleprob": "high"}]},
@@ -193,6 +195,12 @@ def test_extensions_filter_fields_and_samples(tmp_path):
     for sample in samples:
         assert set(sample) - {"__local_path__"} == {"__key__", "__url__", "nrm.jpg"}
         assert sample["nrm.jpg"] == f"mixed.tar {int(sample['__key__'])} nrm.jpg".encode()
+
+
+def test_extensions_written_with_a_leading_dot_name_the_fields(tmp_path):
+    _write(tmp_path, "mixed.tar", 3, fields=("txt", "nrm.jpg"))
+    spec = {"dataset": [{"shards": f"{tmp_path}/mixed.tar", "extensions": [".nrm.jpg"]}]}
+    assert [sorted(s) for s in spec_dataset(spec)] == [["__key__", "__url__", "nrm.jpg"]] * 3
 
 
 def test_dataloader_workers_split_the_shards(shards):

@@ -125,6 +125,20 @@ def ais_endpoint():
     return value.rstrip("/") or None
 
 
+def http_proxy(scheme, host):
+    """The proxy for an ``http``/``https`` request to ``host``, from the variables curl reads
+    (as webdataset reads http through curl): ``https_proxy`` or ``http_proxy`` (by the scheme),
+    else ``all_proxy``, an ``http://`` proxy when it names no scheme; None when none is set or
+    ``no_proxy`` lists the host. Upper-case names count too, as in Python's urllib."""
+    import urllib.request  # here: not a cost of importing wdsmp
+
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(scheme.lower()) or proxies.get("all")
+    if not proxy or urllib.request.proxy_bypass_environment(host, proxies):
+        return None
+    return proxy if "://" in proxy else "http://" + proxy  # curl's default scheme for a proxy
+
+
 def aws_environment():
     """The ``AWS_*`` variables as sorted pairs: boto3 reads them itself, wdsmp keys its client cache on them."""
     return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_")))
@@ -136,14 +150,19 @@ def cache_dir():
 
 
 def cache_size():
-    """``WDS_CACHE_SIZE``: the shard cache's size cap in bytes; None when unset."""
+    """``WDS_CACHE_SIZE``: the shard cache's size cap in bytes (``inf``: no cap, as unset); None
+    when unset. A negative or NaN value is an error: it would cache nothing, warning per shard."""
     value = os.environ.get("WDS_CACHE_SIZE")
     if value is None or not value.strip():
         return None
     try:
-        return int(float(value))
+        size = float(value)
     except ValueError:
         raise ValueError(f"environment variable WDS_CACHE_SIZE={value!r} is not a number") from None
+    if not size >= 0:
+        raise ValueError(f"environment variable WDS_CACHE_SIZE={value!r} must be a number of bytes >= 0 "
+                         f"(0 turns caching off; unset it for no cap)")
+    return None if size == float("inf") else int(size)
 
 
 def verbose_cache():

@@ -12,9 +12,11 @@ A pass that stops early (the consumer breaks out) keeps what it stored; the
 next pass reads the source again from its start, storing the samples not yet
 stored and passing the others through.
 
-Samples are stored under the value of their ``key`` field (``__key__``), or a
-hash of their stored bytes when they have none (tuples, decoded samples without
-keys): a sample whose key is already stored is not stored twice. They are stored
+Samples are stored under the value of their ``key`` field (``__key__``), with
+the shard they came from (``__url__``) when they have one, as shards written
+apart often reuse keys; or under a hash of their stored bytes when they have no
+key (tuples, decoded samples without keys): a sample already stored is not
+stored twice. They are stored
 in a format whose reading runs no code (:mod:`wdsmp.samplecodec`: what samples
 are made of, bytes, numbers, text, containers, arrays, tensors, images); a
 sample holding other objects is pickled, as webdataset's DBCache pickles every
@@ -93,12 +95,19 @@ class DBCache(IterableDataset):
     def _connect(self):
         """This process's connection (a forked or spawned copy opens its own)."""
         if self._db is None or self._pid != os.getpid():
-            db = sqlite3.connect(self.fname, timeout=self.timeout, isolation_level=None,
-                                 check_same_thread=False)
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA synchronous=NORMAL")  # WAL stays consistent; a crash loses the last inserts
-            for statement in _SCHEMA:
-                db.execute(statement)
+            try:
+                db = sqlite3.connect(self.fname, timeout=self.timeout, isolation_level=None,
+                                     check_same_thread=False)
+            except sqlite3.Error as exn:
+                raise type(exn)(f"DBCache {self.fname!r}: {exn}") from exn
+            try:
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("PRAGMA synchronous=NORMAL")  # WAL stays consistent; a crash loses the last inserts
+                for statement in _SCHEMA:
+                    db.execute(statement)
+            except sqlite3.Error as exn:
+                db.close()
+                raise type(exn)(f"DBCache {self.fname!r}: {exn}") from exn
             self._db, self._pid = db, os.getpid()
         return self._db
 
@@ -113,10 +122,14 @@ class DBCache(IterableDataset):
         return row is not None
 
     def _sample_key(self, sample, data):
+        """The sample's identity: its key within its shard (``__url__``, when it has one),
+        else a hash of its stored bytes."""
         value = sample.get(self.key) if isinstance(sample, dict) else None
         if value is None:
             return "sha256:" + hashlib.sha256(data).hexdigest()
-        return value if isinstance(value, str) else repr(value)
+        value = value if isinstance(value, str) else repr(value)
+        url = sample.get("__url__")
+        return value if url is None else repr((str(url), value))
 
     def __iter__(self):
         if self.fname is None:

@@ -587,14 +587,19 @@ def _refuse_if_insecure(url, secure):
     raise SecureModeError(f"{what} refused in secure mode (set by {cause})", url=url)
 
 
+def _through_ais(url):
+    """Whether ``USE_AIS_FOR`` routes ``url`` (by its scheme) through AIStore."""
+    match = _SCHEME.match(url)
+    return match is not None and match.group(1).lower() in _env.ais_schemes()
+
+
 def _opener(url):
     match = _SCHEME.match(url)
     if match is None:
         return gopen_file
-    scheme = match.group(1).lower()
-    if scheme in _env.ais_schemes():
+    if _through_ais(url):
         return gopen_ais
-    return gopen_schemes.get(scheme) or gopen_schemes.get("__default__", gopen_error)
+    return gopen_schemes.get(match.group(1).lower()) or gopen_schemes.get("__default__", gopen_error)
 
 
 def has_opener(url):
@@ -618,7 +623,8 @@ def gopen(url, mode="rb", bufsize=8192, *, secure=False, **kw):
     given = _as_url(url)
     url = rewrite_url(given) if isinstance(given, str) else given
     if _env.gopen_verbose():
-        print(f"# gopen {given!r}" + (f" -> {url!r}" if url != given else ""), file=sys.stderr)
+        route = " through AIStore (USE_AIS_FOR)" if isinstance(url, str) and _through_ais(url) else ""
+        print(f"# gopen {given!r}" + (f" -> {url!r}" if url != given else "") + route, file=sys.stderr)
     try:
         _refuse_if_insecure(url, secure)
         if url == "-":

@@ -9,7 +9,8 @@ short shard. Writing, a :class:`SpooledUpload` collects the bytes in a spool
 (memory, then a temporary file) and uploads them on ``close()``, so a failed
 upload can be retried from the start and nothing half-written appears remotely.
 
-HTTP goes through urllib3 (already a dependency of botocore), never a shell;
+HTTP goes through urllib3 (already a dependency of botocore), never a shell, and
+through the proxy that ``http_proxy``/``https_proxy`` name (``no_proxy`` excepted);
 its ``Retry`` follows redirects and retries a request that fails before a reply
 (backoff, Retry-After), so wdsmp's own loop is only the resume below.
 
@@ -46,6 +47,7 @@ the server look slow. Reads return as soon as some bytes arrive (urllib3's
 ``read1``), so that a trickle cannot hold one read for long.
 """
 
+import base64
 import functools
 import io
 import ipaddress
@@ -55,7 +57,9 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass, fields
+from urllib.parse import unquote, urlsplit
 
+from . import _env
 from .errors import ShardError
 
 __all__ = [
@@ -164,9 +168,10 @@ def refused_here(exn, host):
     return False
 
 
-def _refused_error(method, host, port, where):
+def _refused_error(method, host, port, where, proxy=False):
+    server = "the proxy (the proxy variables name it)" if proxy else "the server"
     return ShardError(f"{method} failed: connection refused by {host}:{port}, on this machine: nothing listens "
-                      f"there (not retried: start the server, or check the port)", url=where)
+                      f"there (not retried: start {server}, or check the port)", url=where)
 
 
 def _located(url, origin):
@@ -416,7 +421,8 @@ class SpooledUpload(io.RawIOBase):
 # HTTP
 
 
-_pool = None  # (pid, urllib3.PoolManager): connections are never shared across a fork
+_pools = {}  # proxy URL or None -> urllib3 pool manager, of the process in _pools_pid
+_pools_pid = None  # connections are never shared across a fork
 
 
 def _urllib3():
@@ -427,12 +433,35 @@ def _urllib3():
     return urllib3
 
 
-def _pool_manager():
-    global _pool
-    pid = os.getpid()
-    if _pool is None or _pool[0] != pid:
-        _pool = (pid, _urllib3().PoolManager(num_pools=32, maxsize=16))
-    return _pool[1]
+def _pool_manager(url):
+    """The pool manager for ``url``: direct, or through the proxy the environment names for
+    it (``_env.http_proxy``: curl's variables, which webdataset's curl reads too)."""
+    global _pools_pid
+    if _pools_pid != os.getpid():
+        _pools.clear()
+        _pools_pid = os.getpid()
+    parts = urlsplit(url)
+    proxy = _env.http_proxy(parts.scheme, parts.hostname or "")
+    manager = _pools.get(proxy)
+    if manager is None:
+        urllib3 = _urllib3()
+        if proxy is None:
+            manager = urllib3.PoolManager(num_pools=32, maxsize=16)
+        elif urlsplit(proxy).scheme.lower().startswith("socks"):
+            try:
+                import socks  # noqa: F401 - PySocks; first, so that urllib3 warns of nothing missing
+            except ImportError as exn:
+                raise ImportError(f"the proxy {proxy} for {url} is a SOCKS proxy, which needs PySocks: "
+                                  f"pip install pysocks") from exn
+            from urllib3.contrib.socks import SOCKSProxyManager
+
+            manager = SOCKSProxyManager(proxy, num_pools=32, maxsize=16)  # it takes credentials from the URL
+        else:  # credentials in the proxy's URL are sent to it, as curl sends them
+            credentials = _url_credentials(proxy)
+            auth = {} if credentials is None else urllib3.make_headers(proxy_basic_auth=credentials)
+            manager = urllib3.ProxyManager(proxy, num_pools=32, maxsize=16, proxy_headers=auth)
+        _pools[proxy] = manager
+    return manager
 
 
 def _retry_policy(options, retries):
@@ -498,13 +527,17 @@ def _send(method, url, headers, body, options, where, retries):
     urllib3 = _urllib3()
     errors = urllib3.exceptions
     timeout = urllib3.Timeout(connect=options.connect_timeout, read=options.read_timeout)
+    manager = None
     try:
-        return _pool_manager().urlopen(method, url, body=body, headers=headers, retries=_retry_policy(options, retries),
-                                       body_pos=None if body is None else 0, preload_content=False,
-                                       decode_content=False, timeout=timeout)
+        manager = _pool_manager(url)
+        return manager.urlopen(method, url, body=body, headers=headers, retries=_retry_policy(options, retries),
+                               body_pos=None if body is None else 0, preload_content=False,
+                               decode_content=False, timeout=timeout)
     except errors.MaxRetryError as exn:
         if exn.pool is not None and refused_here(exn.reason, exn.pool.host):
-            raise _refused_error(method, exn.pool.host, exn.pool.port, where) from exn
+            proxy = getattr(manager, "proxy", None)
+            through = proxy is not None and (exn.pool.host, exn.pool.port) == (proxy.host, proxy.port)
+            raise _refused_error(method, exn.pool.host, exn.pool.port, where, through) from exn
         if isinstance(exn.reason, errors.ResponseError):  # the only one raised: too many redirects
             raise ShardError(f"{method} failed: more than {_REDIRECTS} redirects, the last to {exn.url}",
                              url=where) from exn
@@ -571,13 +604,36 @@ class HTTPWriter(SpooledUpload):
         raise _status_error("PUT", response, self.where)
 
 
+def _url_credentials(url):
+    """``"user:password"`` of ``scheme://user:password@host/...``, %-decoded as curl decodes
+    it; None when the URL has none (or cannot be parsed: its request fails on its own)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return None
+    if parts.username is None:
+        return None
+    return f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+
+
+def _with_url_credentials(url, headers):
+    """``headers`` with the Basic authorization that credentials in ``url`` ask for, as curl
+    sends it (urllib3 would drop them); an Authorization given in ``headers`` wins."""
+    credentials = _url_credentials(url)
+    if credentials is None or any(name.lower() == "authorization" for name in headers):
+        return headers
+    return dict(headers, Authorization="Basic " + base64.b64encode(credentials.encode()).decode("ascii"))
+
+
 def open_http(url, mode="rb", bufsize=8192, headers=None, origin=None, **kw):
     """Open an http(s) URL: a BufferedReader over an :class:`HTTPReader`, or an :class:`HTTPWriter`.
 
     Keywords of :class:`RemoteOptions` set timeouts and retries; ``headers`` are
-    sent with each request; other keywords are ignored.
+    sent with each request, with Basic authorization for credentials in the URL
+    (``https://user:password@host/...``); other keywords are ignored.
     """
     options = RemoteOptions.from_kw(kw)
+    headers = _with_url_credentials(url, headers or {})
     if mode == "rb":
         return buffered_reader(HTTPReader(url, options, headers, origin), bufsize)
     if mode == "wb":

@@ -55,6 +55,18 @@ def s3_client(options=None):
     return client
 
 
+def _client_for(url, options):
+    """:func:`s3_client`; AWS settings it cannot use (a missing profile, a malformed endpoint)
+    are a ShardError naming ``url``."""
+    _boto3()  # first: its ImportError says what to install
+    from botocore.exceptions import BotoCoreError  # botocore comes with boto3
+
+    try:
+        return s3_client(options)
+    except (BotoCoreError, ValueError) as exn:
+        raise ShardError(f"cannot make an S3 client from the AWS settings: {exn}", url=url) from exn
+
+
 def split_s3_url(url):
     """``s3://bucket/key`` -> ``(bucket, key)``; the key is taken as written (no %-decoding)."""
     if not url.lower().startswith("s3://"):
@@ -100,7 +112,7 @@ class S3Reader(ResumableReader):
 
     def __init__(self, url, options=None, origin=None):
         self.bucket, self.key = split_s3_url(url)
-        self.client = s3_client(options)
+        self.client = _client_for(url, options)
         super().__init__(url, options, origin)
 
     def _get(self, offset):
@@ -159,7 +171,7 @@ class S3Writer(SpooledUpload):
 
     def __init__(self, url, options=None, origin=None):
         self.bucket, self.key = split_s3_url(url)
-        self.client = s3_client(options)
+        self.client = _client_for(url, options)
         super().__init__(url, options, origin)
 
     def _upload(self, spool, size):

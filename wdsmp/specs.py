@@ -38,7 +38,7 @@ collections. Each collection is a mapping with these keys:
     collection in an epoch is ``scaleprob * scale``.
 ``extensions``
     The fields to keep, separated by spaces or ``;`` (``"nrm.jpg txt"``) or
-    as a list: other tar members are skipped before they are read into
+    as a list (a leading dot is dropped: ``.jpg`` is ``jpg``): other tar members are skipped before they are read into
     samples, and a sample with none of the fields is dropped. Metadata
     (``__key__``, ``__url__``, ...) is always kept.
 
@@ -151,7 +151,8 @@ def _extensions(value, index):
         value = [value]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
         raise _error(index, "extensions", f"must be a string or a list of strings, not {value!r}")
-    names = tuple(sorted({e.lower() for v in value for e in v.replace(";", " ").split()}))
+    # ".jpg" is the field "jpg": no field name starts with a dot, and none would match
+    names = tuple(sorted({e.lower().lstrip(".") for v in value for e in v.replace(";", " ").split()} - {""}))
     if not names:
         raise _error(index, "extensions", "names no fields")
     return names
@@ -170,6 +171,8 @@ def _urls(value, index, trusted):
         raise _error(index, "shards", str(exn)) from exn
     if not urls:
         raise _error(index, "shards", "names no shards")
+    if "" in urls:  # "" or a stray "::", which would fail only when the mix reaches it
+        raise _error(index, "shards", f"names an empty URL: {value!r}")
     return tuple(urls)
 
 
