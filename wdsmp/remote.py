@@ -47,7 +47,6 @@ the server look slow. Reads return as soon as some bytes arrive (urllib3's
 ``read1``), so that a trickle cannot hold one read for long.
 """
 
-import base64
 import functools
 import io
 import ipaddress
@@ -622,7 +621,7 @@ def _with_url_credentials(url, headers):
     credentials = _url_credentials(url)
     if credentials is None or any(name.lower() == "authorization" for name in headers):
         return headers
-    return dict(headers, Authorization="Basic " + base64.b64encode(credentials.encode()).decode("ascii"))
+    return dict(headers, Authorization=_urllib3().make_headers(basic_auth=credentials)["authorization"])
 
 
 def open_http(url, mode="rb", bufsize=8192, headers=None, origin=None, **kw):
