@@ -21,7 +21,8 @@ and the median of the rounds is reported, with the lowest beside it. The parts:
   cropped and written into a slot row by row, as one worker makes the first batch alone;
 - end to end, in a script that imports torch and wdsmp as a training script does
   (``wdsmp.coldstart``): construction, first batch from construction, and the first batch of
-  a new epoch of the same loader (workers kept), after a whole epoch.
+  a new epoch of the same loader (workers kept), after a whole epoch; and the first batch
+  again with ``start_method="fork"`` (workers forked from the script itself, no fork server).
 """
 
 import argparse
@@ -134,6 +135,10 @@ def measure(tree, scripts, args):
     figures.update(_run(tree, [scripts["parts"], *common]))
     end_to_end = first_batches(args.corpus_index, args.batch_size, args.workers, args.image_size, tree=tree)
     figures.update((f"end to end: {part}", seconds) for part, seconds in end_to_end.items())
+    forked = first_batches(args.corpus_index, args.batch_size, args.workers, args.image_size, tree=tree,
+                           start_method="fork")
+    figures.update((f"end to end, start_method='fork': {part}", forked[part])
+                   for part in ("first batch", "first batch, CPU"))
     return figures
 
 

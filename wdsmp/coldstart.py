@@ -39,10 +39,10 @@ def cpu_seconds(process):
 
 if __name__ == "__main__":
     index, batch_size, workers, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-    step = float(sys.argv[5])
+    step, start_method = float(sys.argv[5]), sys.argv[6]
     me = psutil.Process()
     start, cpu_before = time.perf_counter(), cpu_seconds(me)
-    loader = FastLoader(index, batch_size, num_workers=workers, image_size=size)
+    loader = FastLoader(index, batch_size, num_workers=workers, image_size=size, start_method=start_method)
     built = time.perf_counter()
     batches = iter(loader)
     next(batches)
@@ -71,11 +71,11 @@ if __name__ == "__main__":
 """
 
 
-def first_batches(index, batch_size, workers, image_size, *, tree=None, timeout=600):
+def first_batches(index, batch_size, workers, image_size, *, tree=None, start_method="forkserver", timeout=600):
     """``{"construction", "first batch", "first batch, CPU", "new epoch", "new epoch after training steps",
     "new epoch after training steps, its second batch": seconds}``
-    of a FastLoader over the corpus ``index`` in a fresh interpreter; ``tree``: a checkout put
-    first on its ``PYTHONPATH``."""
+    of a FastLoader over the corpus ``index`` in a fresh interpreter, its workers started by
+    ``start_method``; ``tree``: a checkout put first on its ``PYTHONPATH``."""
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (tree, env.get("PYTHONPATH")) if p)
@@ -84,7 +84,7 @@ def first_batches(index, batch_size, workers, image_size, *, tree=None, timeout=
         with open(script, "w") as stream:
             stream.write(SCRIPT)
         result = subprocess.run([sys.executable, script, index, str(batch_size), str(workers), str(image_size),
-                                 str(STEP)],
+                                 str(STEP), start_method],
                                 capture_output=True, text=True, timeout=timeout, env=env, cwd=directory)
     if result.returncode != 0:
         raise RuntimeError(f"the fresh-process loader failed:\n{result.stderr[-3000:]}")

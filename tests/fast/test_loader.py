@@ -25,8 +25,8 @@ from wdsmp.fast.ring import SHM_DIR
 from wdsmp.shardindex import write_index
 
 from ..conftest import tar_bytes
-from .workerfns import (add_double, below_forty, fail_in_the_second_epoch, keep_even, label_noting_its_thread,
-                        label_plus_one, note_read, raise_at)
+from .workerfns import (add_double, below_forty, fail_in_the_second_epoch, keep_even, label_frozen,
+                        label_noting_its_thread, label_plus_one, note_read, raise_at)
 
 SHARDS, PER_SHARD = 3, 23  # 69 samples: batches of 4 leave remainders on purpose
 SIZE = 24
@@ -197,6 +197,19 @@ def test_deterministic_under_a_seed(shards):
     assert keys == again_keys and torch.equal(pixels, again_pixels)
     assert run(4, 0)[0] != keys
     assert run(3, 1)[0] != keys
+
+
+@pytest.mark.parametrize("start_method", ["forkserver", "fork"])
+def test_every_start_method_gives_the_same_epoch_from_workers_that_froze_what_they_inherited(shards, start_method):
+    _, index, _ = shards
+    with _loader(index, keys=True, seed=3) as loader:
+        expected = [(list(b.keys), b.images.clone()) for b in loader]
+    with _loader(index, keys=True, seed=3, start_method=start_method) as loader:
+        got = [(list(b.keys), b.images.clone()) for b in loader]
+    assert [k for k, _ in got] == [k for k, _ in expected]
+    assert all(torch.equal(p, q) for (_, p), (_, q) in zip(got, expected))
+    with _loader(index, label=label_frozen, start_method=start_method) as loader:  # NOTE [inherited objects]
+        assert {int(x) for b in loader for x in b.labels} == {1}
 
 
 def test_epochs_advance_and_eval_order_is_stable(shards):
@@ -514,7 +527,7 @@ _CHILD = textwrap.dedent("""
     import os, signal, sys, time
     from wdsmp.fast.loader import FastLoader
     if __name__ == "__main__":
-        loader = FastLoader(sys.argv[1], 4, num_workers=2, image_size=24)
+        loader = FastLoader(sys.argv[1], 4, num_workers=2, image_size=24, start_method=sys.argv[3])
         iterator = iter(loader)
         next(iterator)
         print(loader._ring.name, *loader._resources.workers.pool.pids(), flush=True)
@@ -527,13 +540,13 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _run_child(tmp_path, index, how, new_session=False):
+def _run_child(tmp_path, index, how, new_session=False, start_method="forkserver"):
     """A child running a FastLoader; ``new_session=True`` starts it in a session (and process
     group) of its own, which its forkserver and workers join."""
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
-    child = subprocess.Popen([sys.executable, str(script), index, how], stdout=subprocess.PIPE, text=True,
-                             start_new_session=new_session)
+    child = subprocess.Popen([sys.executable, str(script), index, how, start_method], stdout=subprocess.PIPE,
+                             text=True, start_new_session=new_session)
     words = child.stdout.readline().split()
     return child, words[0], [int(p) for p in words[1:]]
 
@@ -564,9 +577,12 @@ def test_ctrl_c_stops_workers_and_unlinks_the_ring(shards, tmp_path):
     assert ring not in os.listdir(SHM_DIR)
 
 
-def test_workers_exit_when_the_main_process_is_killed(shards, tmp_path):
+@pytest.mark.parametrize("start_method", ["forkserver", "fork"])
+def test_workers_exit_when_the_main_process_is_killed(shards, tmp_path, start_method):
+    """Under fork the later worker holds the parent's end of the earlier one's sentinel pipe: it
+    exits first, and the earlier one then sees the parent gone."""
     _, index, _ = shards
-    child, ring, pids = _run_child(tmp_path, index, "kill")
+    child, ring, pids = _run_child(tmp_path, index, "kill", start_method=start_method)
     assert child.wait(10) == -signal.SIGKILL
     assert _gone(pids, 5)  # parent watch
     from wdsmp.fast.ring import cleanup_stale

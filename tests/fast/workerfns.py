@@ -5,6 +5,7 @@ import torch (through ``wdsmp.fast.loader``), which costs each worker about two 
 while this module imports nothing a worker does not already have.
 """
 
+import gc
 import os
 import threading
 import time
@@ -27,6 +28,11 @@ def label_noting_its_thread(path, sample):
     with open(path, "a") as stream:
         stream.write(f"{os.getpid()} {threading.get_ident()}\n")
     return int(sample["cls"])
+
+
+def label_frozen(sample):
+    """1 if the worker froze what it inherited out of the garbage collector's reach, else 0."""
+    return int(gc.get_freeze_count() > 0)
 
 
 def below_forty(sample):

@@ -37,8 +37,21 @@ NOTE [first batch together]
     an uninterrupted one. Label and field functions are the user's code, which
     may keep state or not be safe to call from two threads at once: with them,
     every batch is made by one thread, the first too, and nobody is held back.
+
+NOTE [inherited objects]
+    A forked worker shares its parent's memory until it writes to a page, and
+    Python's cyclic garbage collector writes to every object it scans. Its
+    first full collection would therefore copy every page the worker
+    inherited: the fork server's modules, or under ``start_method="fork"`` the
+    whole training process (torch, the model), some hundreds of MB whose
+    copying took about 0.25 s of CPU before the first batch on 2 cores
+    (``benchmarks/RESULTS.md``). ``worker_main`` first moves what it inherited
+    out of the collector's reach (``gc.freeze()``, a few pointer swaps): those
+    objects outlive the worker anyway, and what the worker allocates itself is
+    collected as before.
 """
 
+import gc
 import io
 import random
 import signal
@@ -114,6 +127,7 @@ def worker_main(worker, config, tasks, free, ready, stop):
     """Serve epochs: take each epoch's ``EpochTask`` from ``tasks``, fill slots taken from
     ``free``, announce them on ``ready``; until ``Stop``, the ``stop`` event, or the loader's
     death."""
+    gc.freeze()  # NOTE [inherited objects]
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the loader's to handle
     exit_with_parent()
 
