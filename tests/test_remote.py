@@ -120,6 +120,19 @@ def test_http_credentials_in_the_url_are_sent(http_server):
     assert http_server.requests()[-1].headers.get("Authorization") == "Bearer token"
 
 
+def test_messages_mask_the_password_of_a_url(http_server, tmp_path, capsys):
+    url = http_server.url("private/missing.tar").replace("//", "//reader:hunter2@", 1)
+    with pytest.raises(ShardError) as info:
+        gopen(url).read()
+    assert "reader:***@" in str(info.value) and "hunter2" not in str(info.value)
+    assert info.value.url == url  # the attribute keeps what was given
+    dataset = wds.WebDataset(url, cache_dir=str(tmp_path), verbose=True, shardshuffle=False)
+    with pytest.raises(ShardError) as info:
+        list(dataset)
+    shown = str(info.value) + capsys.readouterr().err
+    assert "reader:***@" in shown and "hunter2" not in shown
+
+
 def test_http_through_the_proxy_the_environment_names(http_server, http_proxy, monkeypatch):
     url = http_server.put_file("p/f.bin", DATA)
     monkeypatch.setenv("http_proxy", http_proxy.endpoint.removeprefix("http://"))  # no scheme: http, as in curl

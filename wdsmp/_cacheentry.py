@@ -49,6 +49,7 @@ import time
 import warnings
 
 from ._atomic import put_in_place, remove_if_present
+from ._redact import redacted
 from .gopen import gopen
 
 __all__ = [
@@ -222,7 +223,7 @@ def claim(url, path, lock, *, unfit, timeout, verbose=False):
                     return None
                 problem = unfit(path)
                 if problem is not None:
-                    warn(f"cache file {path} for {url} {problem}; fetching it again")
+                    warn(f"cache file {path} for {redacted(url)} {problem}; fetching it again")
                     remove_if_present(path)
                     return None
                 lock.release()  # added by another process just now: read it shared
@@ -285,10 +286,10 @@ def fetch(url, path, lock, *, cache_dir, cache_size, validate, verbose=False):
     except OSError as exn:
         lock.release()
         warn(f"cannot create a cache file in {os.path.dirname(path)} ({exn}); "
-             f"reading {url} without caching")
+             f"reading {redacted(url)} without caching")
         return source
     if verbose:
-        say(f"[caching {url} at {temp}]")
+        say(f"[caching {redacted(url)} at {temp}]")
     add = functools.partial(_add_entry, url, path, cache_dir=cache_dir, cache_size=cache_size,
                             validate=validate, verbose=verbose)
     return _Tee(source, url, temp, fd, lock, add)
@@ -392,22 +393,22 @@ def _add_entry(url, path, temp, lock, *, cache_dir, cache_size, validate, verbos
         problem = validate(temp, url)
         if problem is not None:
             if verbose:
-                say(f"[not caching {url}: {problem}]")  # the reader raises it too
+                say(f"[not caching {redacted(url)}: {problem}]")  # the reader raises it too
             return
         size = os.path.getsize(temp)
         if cache_size is not None and size > cache_size:
-            warn(f"{url} ({size} bytes) is larger than cache_size ({cache_size} bytes); "
+            warn(f"{redacted(url)} ({size} bytes) is larger than cache_size ({cache_size} bytes); "
                  f"not caching it")
             return
         if not sweep(cache_dir, cache_size, size, verbose=verbose):
-            warn(f"not caching {url}: the cache at {cache_dir} is full of files in use")
+            warn(f"not caching {redacted(url)}: the cache at {cache_dir} is full of files in use")
             return
         lock.mark(size)
         put_in_place(temp, path)
         if verbose:
             say(f"[done caching {path}]")
     except OSError as exn:
-        warn(f"cannot add {url} to the cache at {path} ({exn}); not caching it")
+        warn(f"cannot add {redacted(url)} to the cache at {path} ({exn}); not caching it")
     finally:
         remove_if_present(temp)
         lock.release()

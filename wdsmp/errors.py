@@ -11,10 +11,13 @@ to can catch everything wdsmp raises.
 
 Errors about data carry where it happened: the shard URL, the tar member and
 the byte offset in the (decompressed) tar stream, both as attributes and in the
-message, so a log line is enough to find the bad bytes.
+message, so a log line is enough to find the bad bytes. Messages show URLs with
+their passwords masked (``_redact.py``); the ``url`` attribute keeps the URL as given.
 """
 
 import tarfile
+
+from ._redact import redacted
 
 __all__ = [
     "WdsmpError",
@@ -32,7 +35,7 @@ __all__ = [
 
 def _where(url, member=None, offset=None):
     """Text naming the place of an error: shard, member and byte offset."""
-    parts = [f"shard {url!r}" if url is not None else "shard <stream>"]
+    parts = [f"shard {redacted(url)!r}" if url is not None else "shard <stream>"]
     if member is not None:
         parts.append(f"member {member!r}")
     if offset is not None:
@@ -52,7 +55,7 @@ class _Located:
         self.url = url
         self.member = member
         self.offset = offset
-        super().__init__(f"{problem} ({_where(url, member, offset)})")
+        super().__init__(f"{redacted(problem)} ({_where(url, member, offset)})")
 
     # The message as it was given: KeyError, a base of MissingFieldError, would quote it.
     __str__ = BaseException.__str__

@@ -52,6 +52,7 @@ import tempfile
 from urllib.parse import quote, unquote, urlsplit
 
 from . import _env
+from ._redact import redacted
 from .errors import PipeError, SecureModeError, ShardError, ShardNotFoundError
 
 __all__ = [
@@ -624,7 +625,8 @@ def gopen(url, mode="rb", bufsize=8192, *, secure=False, **kw):
     url = rewrite_url(given) if isinstance(given, str) else given
     if _env.gopen_verbose():
         route = " through AIStore (USE_AIS_FOR)" if isinstance(url, str) and _through_ais(url) else ""
-        print(f"# gopen {given!r}" + (f" -> {url!r}" if url != given else "") + route, file=sys.stderr)
+        print(f"# gopen {redacted(given)!r}" + (f" -> {redacted(url)!r}" if url != given else "") + route,
+              file=sys.stderr)
     try:
         _refuse_if_insecure(url, secure)
         if url == "-":
