@@ -26,7 +26,7 @@ from wdsmp.shardindex import write_index
 
 from ..conftest import tar_bytes
 from .workerfns import (add_double, below_forty, fail_in_the_second_epoch, keep_even, label_frozen,
-                        label_noting_its_thread, label_plus_one, note_read, raise_at)
+                        label_noting_its_thread, label_plus_one, note_read, raise_at, without_key)
 
 SHARDS, PER_SHARD = 3, 23  # 69 samples: batches of 4 leave remainders on purpose
 SIZE = 24
@@ -267,6 +267,9 @@ def test_bad_sample_names_worker_shard_and_member(shards):
             list(loader)
     with pytest.raises(WorkerError, match="s0/005"):
         with _loader([(damaged, PER_SHARD)], num_workers=1) as loader:
+            list(loader)
+    with _loader([damaged], num_workers=1, stages=[without_key]) as loader:  # a stage dropped the key
+        with pytest.raises(WorkerError, match=r"shard '.*-damaged.tar', member 'jpg'"):
             list(loader)
 
 

@@ -35,6 +35,11 @@ def label_frozen(sample):
     return int(gc.get_freeze_count() > 0)
 
 
+def without_key(samples):
+    for sample in samples:
+        yield {k: v for k, v in sample.items() if k != "__key__"}
+
+
 def below_forty(sample):
     return int(sample["cls"]) < 40
 

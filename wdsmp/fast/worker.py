@@ -445,7 +445,7 @@ class _Stream:
         # Each sample's own draws: NOTE [first batch together].
         augment = random.Random(make_seed(self.plan.seed, "augment", number)) if config.decode.train else None
         info = decode_with_options(sample[ext], arrays[IMAGES][row], config.decode, augment, url=url,
-                                   member=f"{key}.{ext}", clock=clock)
+                                   member=ext if key is None else f"{key}.{ext}", clock=clock)
         if config.label is not None:
             arrays[LABELS][row] = _label(sample, config.label, url, key)
         for name, source in config.fields:
