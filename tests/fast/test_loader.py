@@ -843,17 +843,32 @@ def test_another_epoch_than_the_one_gone_ahead_restarts_the_workers(shards, chan
         assert _keys(loader)[0] != whole  # and the epoch after that went ahead correctly
 
 
-def test_an_epoch_left_after_its_last_batch_gives_up_the_epoch_gone_ahead(shards):
-    """``zip(range(len(loader)), loader)`` takes every batch but never asks for the end: epoch 1,
-    sent ahead as epoch 0's last batch was taken, is dropped by the next iter() (its workers
-    restart), which still gives epoch 1 exactly, and the one after it epoch 2."""
+def test_an_epoch_left_after_its_last_batch_keeps_its_workers_and_the_epoch_gone_ahead(shards):
+    """``zip(range(len(loader)), loader)`` takes every batch but never asks for the end: the next
+    iter() ends the epoch as the end would have, and goes on with epoch 1, sent ahead to the
+    same workers as epoch 0's last batch was taken; epochs 1 and 2 are exact."""
     _, index, _ = shards
     with _loader(index, keys=True, seed=5) as loader:
         fresh = [_keys(loader)[0] for _ in range(3)]
     with _loader(index, keys=True, seed=5) as loader:
-        first = [k for _, batch in zip(range(len(loader)), loader) for k in batch.keys]
+        epochs = []
+        for _ in range(3):
+            epochs.append([k for _, batch in zip(range(len(loader)), loader) for k in batch.keys])
+            if len(epochs) == 1:
+                workers = _worker_pids(loader)
+        assert epochs == fresh
+        assert _worker_pids(loader) == workers
+
+
+def test_an_epoch_left_before_its_last_batch_is_taken_restarts_the_workers(shards):
+    _, index, _ = shards
+    with _loader(index, keys=True, seed=5) as loader:
+        fresh = [_keys(loader)[0] for _ in range(2)]
+    with _loader(index, keys=True, seed=5) as loader:
+        first = [k for _, batch in zip(range(len(loader) - 1), loader) for k in batch.keys]
         workers = _worker_pids(loader)
-        assert [first, _keys(loader)[0], _keys(loader)[0]] == fresh
+        assert first == fresh[0][:len(first)]
+        assert _keys(loader)[0] == fresh[1]  # as after a break: the next epoch, by new workers
         assert _worker_pids(loader) != workers
 
 

@@ -22,6 +22,7 @@ NOTE [stalled workers]
 """
 
 import time
+import warnings
 import weakref
 from queue import Empty
 from time import perf_counter_ns
@@ -53,14 +54,31 @@ class DeliveryState:
                          for stream in plan.streams]
         self.finished = False  # no more batches will come
         self.complete = False  # ... and all were handed out: ``state_dict`` moves to the next epoch
+        # Set while every batch is off the queue but the end was not asked for: takes the
+        # workers' end-of-epoch messages as the end would have (``leave``).
+        self.settle = None
 
     def hand(self, message):
         self.handed[message.stream] += 1
         self.consumed[message.stream] = message.consumed
         self.complete = self.finished and self.handed == self.delivered
 
+    def leave(self):
+        """The next ``iter()`` comes: an epoch whose batches were all handed out, its end never
+        asked for (``zip(range(len(loader)), loader)``), is ended as its end would have ended
+        it, and its workers go on with the next epoch; any other is abandoned."""
+        settle, self.settle = self.settle, None
+        if not self.finished and settle is not None and self.handed == self.delivered:
+            try:
+                settle()
+            except Exception as exn:  # every batch was handed out: the next epoch gets new workers
+                warnings.warn(f"epoch {self.epoch} failed after its last batch ({exn}); the next epoch "
+                              f"starts new workers", RuntimeWarning, stacklevel=3)
+        self.abandon()
+
     def abandon(self):
         """End the epoch before its end: its workers stop, and the next epoch starts new ones."""
+        self.settle = None
         if not self.finished:
             self.finished = True
             workers = self.workers()
@@ -152,7 +170,16 @@ class EpochIterator:
         if self.ahead is not None and self._last_batch_delivered():
             method, self.ahead = self.ahead(), None  # NOTE [next epoch ahead] in epochstart.py
             self.next_start = None if method is None else method(self.plan.epoch)
+            self.state.settle = self._settle
         return message
+
+    def _settle(self):
+        """Take the rest of this epoch's messages, its batches all delivered (``DeliveryState.leave``)."""
+        try:
+            self.next_message()
+        except StopIteration:
+            return
+        raise RuntimeError("a batch beyond the epoch's planned count")  # the plan says none can come
 
     def _last_batch_delivered(self):
         """Whether every stream's planned batches are off the queue (known counts only)."""
@@ -280,6 +307,7 @@ class EpochIterator:
         raise error
 
     def _finish(self):
+        self.state.settle = None
         self.state.finished = True
         self.state.complete = self.state.handed == self.state.delivered
         if self.held is not None:

@@ -34,6 +34,10 @@ NOTE [loader protocol]
     * Workers persist across epochs. An epoch left unfinished (``break``,
       an error, a new ``iter()``) restarts them: their slots and queues are
       in an unknown state, and restarting is cheap (forked from the fork server).
+      An epoch whose batches were all handed out is finished, also when its
+      end was never asked for (``zip(range(len(loader)), loader)``): the next
+      ``iter()`` takes the workers' end-of-epoch messages first
+      (``DeliveryState.leave``).
 
 NOTE [batch lifetime]
     By default a batch's tensors are views of its ring slot: no copy. The
@@ -256,7 +260,7 @@ class FastLoader:
         very epoch, NOTE [next epoch ahead] in ``epochstart.py``); the iterator delivers the batches."""
         self._resources.check_open()
         if self._delivery is not None:
-            self._delivery.abandon()
+            self._delivery.leave()
         position = self._resume or PlanPosition(self.epoch)
         self._resume = None
         plan = self.plan(position)
@@ -372,6 +376,8 @@ class FastLoader:
 
     def close(self):
         """Stop the workers and free the shared memory (NOTE [shutdown order]). Idempotent."""
+        if self._delivery is not None:
+            self._delivery.settle = None  # it holds the iterator, and that the workers' queues
         self._finalizer()
 
     def __enter__(self):
