@@ -530,6 +530,9 @@ _CHILD = textwrap.dedent("""
     import os, signal, sys, time
     from wdsmp.fast.loader import FastLoader
     if __name__ == "__main__":
+        # Python's own Ctrl-C handling, also where the suite runs as a background job (which
+        # starts with SIGINT ignored).
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         loader = FastLoader(sys.argv[1], 4, num_workers=2, image_size=24, start_method=sys.argv[3])
         iterator = iter(loader)
         next(iterator)
@@ -575,7 +578,10 @@ def test_ctrl_c_stops_workers_and_unlinks_the_ring(shards, tmp_path):
     _, index, _ = shards
     child, ring, pids = _run_child(tmp_path, index, "interrupt")
     child.send_signal(signal.SIGINT)
-    assert child.wait(10) != 0
+    try:
+        assert child.wait(10) != 0
+    finally:
+        child.kill()  # it loops for ever: never leave it behind
     assert _gone(pids, 5)
     assert ring not in os.listdir(SHM_DIR)
 
