@@ -69,14 +69,15 @@ __all__ = ["ExactSamples"]
 class _Stream:
     """One stream of the plan (its ``StreamPlan``), read forward batch by batch."""
 
-    def __init__(self, plan, batch_size, shuffle_buffer, handler, cache_dir, first_batch):
+    def __init__(self, plan, batch_size, shuffle_buffer, handler, cache_dir, first_batch, counts):
         self.batch_size = batch_size
         if shuffle_buffer > 1:  # the order depends on everything before: replay from the start
-            samples = read_ranges(plan.shards(resume=False), handler, cache_dir)
+            samples = read_ranges(plan.shards(resume=False), handler, cache_dir, counts=counts)
             samples = buffer_shuffled(samples, shuffle_buffer, random.Random(make_seed(plan.seed, "shuffle")))
             self.position = 0
         else:  # skip the first batches by count
-            samples = read_ranges(replace(plan, skip_batches=first_batch).shards(), handler, cache_dir)
+            samples = read_ranges(replace(plan, skip_batches=first_batch).shards(), handler, cache_dir,
+                                  counts=counts)
             self.position = first_batch * batch_size
         self.samples = samples
 
@@ -216,7 +217,7 @@ class ExactSamples(CountedSource):
                 s, k = d % nstreams, d // nstreams
                 if s not in streams:
                     streams[s] = _Stream(plan.streams[s], self.batch_size, self.shuffle_buffer, self.handler,
-                                         self.cache_dir, k)
+                                         self.cache_dir, k, [count for _, count in self.shards])
                 yield from streams[s].batch(k)
         finally:
             for stream in streams.values():

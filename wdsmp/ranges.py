@@ -22,12 +22,13 @@ def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, c
     """The samples of each ``epochplan.ShardRange`` in turn: samples ``[start, stop)`` of its shard,
     opened directly or from the shard cache in ``cache_dir``.
 
-    A range often ends before its shard does (a shard split between ranks or
-    workers), and the cache keeps only shards read to their end, so a shard
-    to be cached is first fetched whole: the rest of it is the next range's.
-    A shard that cannot be cached (larger than the cache may hold, no room,
-    another process fetching it for too long) is read directly, with a
-    warning: caching never stops training. ``clock`` (a ``timing.ReadClock``)
+    The cache keeps only shards read to their end. A range of a whole shard is
+    read through the cache, which keeps a copy of the bytes as they go by; a
+    range that ends before its shard does (a shard split between ranks or
+    workers) needs the shard fetched whole first: the rest of it is the next
+    range's. A shard that cannot be cached (larger than the cache may hold,
+    no room, another process fetching it for too long) is read directly, with
+    a warning: caching never stops training. ``clock`` (a ``timing.ReadClock``)
     gets the time spent fetching, opening and reading the shards' bytes.
 
     ``counts`` (each shard's sample count by its number, those the plan was
@@ -44,7 +45,12 @@ def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, c
             return handler(exn)
 
         opener = gopen
-        if cache_dir is not None:
+        if cache_dir is not None and _whole(shard, counts):
+            cache = FileCache(cache_dir, verbose=_env.gopen_verbose())
+            if clock is not None and local_path(shard.url) is None:
+                clock.count_cache(os.path.exists(cache.entry_path(shard.url)))
+            opener = cache.open  # read once: a shard too big for the cache is not fetched twice
+        elif cache_dir is not None:
             cache = FileCache(cache_dir, verbose=_env.gopen_verbose())
             try:
                 if clock is None or local_path(shard.url) is not None:  # local files are not cached
@@ -64,6 +70,14 @@ def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, c
                 yield from _counted(samples, shard, counts[shard.shard], damaged)
         finally:
             samples.close()
+
+
+def _whole(shard, counts):
+    """Whether the range ``shard`` reads its shard to the end, from its first sample."""
+    if shard.start != 0 or shard.pad:
+        return False
+    return shard.stop is None or (counts is not None and counts[shard.shard] is not None
+                                  and shard.stop >= counts[shard.shard])
 
 
 def _counted(samples, shard, count, damaged):

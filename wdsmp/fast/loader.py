@@ -135,8 +135,9 @@ class FastLoader:
     per epoch.
 
     Remote shards (``http(s)://``, ``s3://``, ``pipe:``, ...) are streamed; with ``cache_dir``
-    each is fetched whole into it before its first sample is read, and read from there
-    afterwards (one copy per directory, shared by workers and processes); one that cannot be
+    each is kept in it as its first reading goes by (a shard split between ranks or workers:
+    fetched whole before its first sample is read), and read from there afterwards (one
+    copy per directory, shared by workers and processes); one that cannot be
     cached (too large for the cache's size limit, no room, another process fetching it for
     too long) is read directly, with a warning.
 
