@@ -18,6 +18,8 @@ The contenders (``CONTENDERS``), each run with the same worker count:
 - "FastLoader, fresh process": no rate, the first batch of a new interpreter that has
   imported torch and wdsmp (from constructing the loader) and the first batch of its second
   epoch (``wdsmp.coldstart``): what a restarted job or an evaluation script meets.
+- "FastLoader, fresh process, fork": the same with ``start_method="fork"`` (workers forked
+  from the script, no fork server to start).
 - "decode-only ceiling": libjpeg-turbo (simplejpeg) decoding the corpus's JPEGs
   (``.ppm`` members: parsed and copied) to full-size RGB on one core, timed
   call by call, times N workers: what N workers could reach if decoding were
@@ -61,6 +63,7 @@ FastLoader note names its bottleneck (``loader.stats["bottleneck"]``).
 ``benchplot.draw`` turns the best rounds into a picture.
 """
 
+import functools
 import json
 import math
 import os
@@ -426,10 +429,12 @@ def fastloader(corpus, args):
                                              image_size=CROP_SIZE), args, fastloader_stages)
 
 
-def fastloader_fresh_process(corpus, args):
+def fastloader_fresh_process(corpus, args, start_method="forkserver"):
     """FastLoader's first batches in a fresh interpreter that imports torch and wdsmp first
-    (``wdsmp.coldstart``): no rate, the latencies a restarted job meets."""
-    figures = first_batches(os.path.join(corpus.directory, "index.json"), args.batch_size, args.workers, CROP_SIZE)
+    (``wdsmp.coldstart``), its workers started by ``start_method``: no rate, the latencies a
+    restarted job meets."""
+    figures = first_batches(os.path.join(corpus.directory, "index.json"), args.batch_size, args.workers, CROP_SIZE,
+                            start_method=start_method)
     return Result(None, figures["first batch"], figures["new epoch"])
 
 
@@ -438,6 +443,7 @@ CONTENDERS = {
     BASELINE: dataloader_pipeline,
     "FastLoader": fastloader,
     FRESH: fastloader_fresh_process,
+    f"{FRESH}, fork": functools.partial(fastloader_fresh_process, start_method="fork"),
     "decode-only ceiling": decode_ceiling,
 }
 

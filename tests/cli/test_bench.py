@@ -47,12 +47,13 @@ def test_bench_prints_the_contenders_and_draws_them(tmp_path, capsys):
     assert f"\n# region decoding: {region} (" in out
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in out.splitlines() if line.startswith("| ")}
     assert list(rows) == ["contender", "DataLoader pipeline", "FastLoader", "FastLoader, fresh process",
-                          "decode-only ceiling"]
+                          "FastLoader, fresh process, fork", "decode-only ceiling"]
     assert rows["contender"][2:4] == ["first batch (s)", "new epoch (s)"]
     for name in ("DataLoader pipeline", "FastLoader"):  # a new epoch only where the window held a second one
         assert float(rows[name][2]) > 0 and (rows[name][3] == "-" or float(rows[name][3]) >= 0), rows[name]
-    fresh = rows["FastLoader, fresh process"]  # no rate: a new interpreter's first batches
-    assert fresh[:2] == ["-", "-"] and float(fresh[2]) > 0 and float(fresh[3]) >= 0, fresh  # 0.00: a prefetched batch
+    for name in ("FastLoader, fresh process", "FastLoader, fresh process, fork"):
+        fresh = rows[name]  # no rate: a new interpreter's first batches
+        assert fresh[:2] == ["-", "-"] and float(fresh[2]) > 0 and float(fresh[3]) >= 0, fresh  # 0.00: prefetched
     assert {len(cells) for cells in rows.values()} == {len(rows["contender"])}  # every row fills the columns
     assert "\n- FastLoader: " in out and "-bound" in out.split("\n- FastLoader: ")[1].split("\n")[0]
     assert "round 1/1: FastLoader" in err and f"# picture: {picture}" in err
