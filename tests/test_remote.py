@@ -131,6 +131,23 @@ def test_messages_mask_the_password_of_a_url(http_server, tmp_path, capsys):
         list(dataset)
     shown = str(info.value) + capsys.readouterr().err
     assert "reader:***@" in shown and "hunter2" not in shown
+    with wds.FastLoader([(url, 4)], 2, num_workers=1, image_size=8) as loader:
+        with pytest.raises(wds.WorkerError) as info:  # the worker's error, as the training loop meets it
+            next(iter(loader))
+    assert "reader:***@" in str(info.value) and "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize("given, shown", [
+    ("https://u:p@ss@host/x.tar", "https://u:***@host/x.tar"),  # the user information ends at the last @
+    ("https://TOKEN@host/x.tar", "https://***@host/x.tar"),  # a user name alone is often a token
+    ("pipe:curl -s https://me:pw@host/a.tar | cat", "pipe:curl -s https://me:***@host/a.tar | cat"),
+    ("http://host:8080/a@b.tar", "http://host:8080/a@b.tar"),  # an @ in the path is no credential
+    ("s3://bucket/key", "s3://bucket/key"),
+])
+def test_what_messages_show_of_a_url(given, shown):
+    from wdsmp._redact import redacted
+
+    assert redacted(given) == shown
 
 
 def test_http_through_the_proxy_the_environment_names(http_server, http_proxy, monkeypatch):

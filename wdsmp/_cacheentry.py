@@ -59,6 +59,7 @@ __all__ = [
     "cached_size",
     "claim",
     "fetch",
+    "known_too_big",
     "say",
     "size_problem",
     "sweep",
@@ -93,6 +94,15 @@ def temp_beside(path):
 
 
 _EXCLUSIVE_HERE = set()  # (pid, lock path) of each entry lock this process holds exclusively
+_TOO_BIG = {}  # URL -> its size in bytes, where a fetch found it larger than the cache's cap
+
+
+def known_too_big(url, cache_size):
+    """The size of ``url`` where an earlier fetch in this process found it larger than
+    ``cache_size`` bytes, else None: fetching it for the cache again would only be refused."""
+    size = _TOO_BIG.get(url)
+    return size if size is not None and cache_size is not None and size > cache_size else None
+
 
 
 class EntryLock:
@@ -339,7 +349,7 @@ class _Tee(io.RawIOBase):
                 view = view[os.write(self._fd, view):]
         except OSError as exn:
             self._drop(f"cannot write the cache file {self._temp} ({exn}); "
-                       f"reading {self._url} on without caching it")
+                       f"reading {redacted(self._url)} on without caching it")
 
     def _finish(self):
         """End of the source: the temp is handed over to become the entry;
@@ -350,7 +360,7 @@ class _Tee(io.RawIOBase):
         try:
             os.fsync(fd)
         except OSError as exn:
-            self._drop(f"cannot write the cache file {self._temp} ({exn}); not caching {self._url}")
+            self._drop(f"cannot write the cache file {self._temp} ({exn}); not caching {redacted(self._url)}")
             return
         finally:
             os.close(fd)
@@ -397,6 +407,7 @@ def _add_entry(url, path, temp, lock, *, cache_dir, cache_size, validate, verbos
             return
         size = os.path.getsize(temp)
         if cache_size is not None and size > cache_size:
+            _TOO_BIG[url] = size
             warn(f"{redacted(url)} ({size} bytes) is larger than cache_size ({cache_size} bytes); "
                  f"not caching it")
             return

@@ -54,6 +54,7 @@ from ._cacheentry import (
     EntryLock,
     claim,
     fetch,
+    known_too_big,
     say,
     size_problem,
     sweep,
@@ -407,6 +408,10 @@ class FileCache:
         path = local_path(url)
         if path is not None and not self.always:
             return path
+        size = known_too_big(url, self.cache_size)
+        if size is not None:
+            raise ShardError(f"it is larger than cache_size ({size} bytes, more than {self.cache_size}), as "
+                             f"fetching it found before: not fetched for the cache again", url=url)
         stream = self.open(url)
         try:
             if not isinstance(stream, CachedFile):

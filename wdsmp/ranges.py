@@ -11,6 +11,7 @@ from itertools import islice
 
 from . import _env
 from .cache import FileCache
+from ._redact import redacted
 from .gopen import gopen, local_path
 from .handlers import reraise_exception
 from .tariterators import tarfile_samples
@@ -22,13 +23,13 @@ def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, c
     """The samples of each ``epochplan.ShardRange`` in turn: samples ``[start, stop)`` of its shard,
     opened directly or from the shard cache in ``cache_dir``.
 
-    The cache keeps only shards read to their end. A range of a whole shard is
-    read through the cache, which keeps a copy of the bytes as they go by; a
-    range that ends before its shard does (a shard split between ranks or
-    workers) needs the shard fetched whole first: the rest of it is the next
-    range's. A shard that cannot be cached (larger than the cache may hold,
-    no room, another process fetching it for too long) is read directly, with
-    a warning: caching never stops training. ``clock`` (a ``timing.ReadClock``)
+    A range often ends before its shard does (a shard split between ranks or
+    workers), and the cache keeps only shards read to their end, so a shard
+    to be cached is first fetched whole: the rest of it is the next range's.
+    A shard that cannot be cached (larger than the cache may hold, no room,
+    another process fetching it for too long) is read directly, with a
+    warning: caching never stops training; one found too large is not fetched
+    for the cache again by this process (``_cacheentry.known_too_big``). ``clock`` (a ``timing.ReadClock``)
     gets the time spent fetching, opening and reading the shards' bytes.
 
     ``counts`` (each shard's sample count by its number, those the plan was
@@ -45,12 +46,7 @@ def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, c
             return handler(exn)
 
         opener = gopen
-        if cache_dir is not None and _whole(shard, counts):
-            cache = FileCache(cache_dir, verbose=_env.gopen_verbose())
-            if clock is not None and local_path(shard.url) is None:
-                clock.count_cache(os.path.exists(cache.entry_path(shard.url)))
-            opener = cache.open  # read once: a shard too big for the cache is not fetched twice
-        elif cache_dir is not None:
+        if cache_dir is not None:
             cache = FileCache(cache_dir, verbose=_env.gopen_verbose())
             try:
                 if clock is None or local_path(shard.url) is not None:  # local files are not cached
@@ -59,7 +55,7 @@ def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, c
                     clock.cache_fetch(cache.get_file, shard.url, os.path.exists(cache.entry_path(shard.url)))
                 opener = cache.open
             except Exception as exn:  # an unreadable source fails again below, through the handler
-                warnings.warn(f"could not cache {shard.url} in {cache_dir} ({exn}); reading it directly")
+                warnings.warn(f"could not cache {redacted(shard.url)} in {cache_dir} ({exn}); reading it directly")
         if clock is not None:
             opener = clock.timed_opener(opener)
         samples = tarfile_samples([shard.url], handler=noted, opener=opener)
@@ -70,14 +66,6 @@ def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, c
                 yield from _counted(samples, shard, counts[shard.shard], damaged)
         finally:
             samples.close()
-
-
-def _whole(shard, counts):
-    """Whether the range ``shard`` reads its shard to the end, from its first sample."""
-    if shard.start != 0 or shard.pad:
-        return False
-    return shard.stop is None or (counts is not None and counts[shard.shard] is not None
-                                  and shard.stop >= counts[shard.shard])
 
 
 def _counted(samples, shard, count, damaged):
@@ -101,7 +89,7 @@ def _counted(samples, shard, count, damaged):
         position += 1
     if damaged or shard.stop <= position <= count:
         return  # read as planned, or damaged (the handler was told), or the shortfall is another range's
-    stale = f"stale sample count: shard {shard.url!r} has {position} samples, not the {count} the epoch was planned with"
+    stale = f"stale sample count: shard {redacted(shard.url)!r} has {position} samples, not the {count} the epoch was planned with"
     if position > count:
         warnings.warn(f"{stale}; its last {position - count} are skipped this epoch. Rebuild the index "
                       f"(wdsmp index)")

@@ -103,14 +103,10 @@ class ReadClock:
             return fetch(url)
         finally:
             self.ns += perf_counter_ns() - start
-            self.count_cache(cached)
-
-    def count_cache(self, cached):
-        """A shard read from the cache (``cached``), or fetched into it."""
-        if cached:
-            self.cache_hits += 1
-        else:
-            self.cache_misses += 1
+            if cached:
+                self.cache_hits += 1
+            else:
+                self.cache_misses += 1
 
 
 def _shared_ints(count):

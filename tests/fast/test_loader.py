@@ -860,10 +860,28 @@ def test_an_epoch_left_after_its_last_batch_keeps_its_workers_and_the_epoch_gone
         epochs = []
         for _ in range(3):
             epochs.append([k for _, batch in zip(range(len(loader)), loader) for k in batch.keys])
+            assert loader.state_dict()["epoch"] == len(epochs)  # as after the epoch's end
             if len(epochs) == 1:
                 workers = _worker_pids(loader)
         assert epochs == fresh
         assert _worker_pids(loader) == workers
+
+
+def test_a_loader_dropped_after_an_epoch_left_after_its_last_batch_leaves_no_semaphores(shards):
+    from wdsmp.fast.pool import SEM_PREFIX
+
+    _, index, _ = shards
+    mine = f"sem.{SEM_PREFIX}{os.getpid()}-"
+    before = {n for n in os.listdir(SHM_DIR) if n.startswith(mine)}
+    gc.disable()  # what goes, goes when the last reference does
+    try:
+        loader = _loader(index)
+        for _ in zip(range(len(loader)), loader):
+            pass
+        del loader
+        assert not {n for n in os.listdir(SHM_DIR) if n.startswith(mine)} - before
+    finally:
+        gc.enable()
 
 
 def test_an_epoch_left_before_its_last_batch_is_taken_restarts_the_workers(shards):

@@ -27,6 +27,7 @@ import weakref
 from queue import Empty
 from time import perf_counter_ns
 
+from .._redact import redacted
 from ..errors import WorkerError
 from . import pool as _pool
 from .messages import BatchReady, Reading, WorkerDone, WorkerFailed, WorkerWarning
@@ -62,6 +63,12 @@ class DeliveryState:
         self.handed[message.stream] += 1
         self.consumed[message.stream] = message.consumed
         self.complete = self.finished and self.handed == self.delivered
+
+    @property
+    def handed_out(self):
+        """Whether every batch of the epoch went to the user: it ended, or its end was never
+        asked for after its last batch (``settle`` is set): ``state_dict`` moves to the next epoch."""
+        return self.complete or (self.settle is not None and self.handed == self.delivered)
 
     def leave(self):
         """The next ``iter()`` comes: an epoch whose batches were all handed out, its end never
@@ -292,7 +299,7 @@ class EpochIterator:
         state, pid = pool.state(worker), pool.pids()[worker]
         pool.kill(worker)
         shard = self.reading.get(worker)
-        where = f" while reading shard {shard!r}" if shard is not None else ""
+        where = f" while reading shard {redacted(shard)!r}" if shard is not None else ""
         self._fail(WorkerError(
             f"loader worker {worker} (pid {pid}) made no progress for {now - last[1]:.0f} s{where} during epoch "
             f"{self.plan.epoch} (no CPU time, no bytes read or written, no wake-up; its state was {state!r}): "

@@ -135,9 +135,8 @@ class FastLoader:
     per epoch.
 
     Remote shards (``http(s)://``, ``s3://``, ``pipe:``, ...) are streamed; with ``cache_dir``
-    each is kept in it as its first reading goes by (a shard split between ranks or workers:
-    fetched whole before its first sample is read), and read from there afterwards (one
-    copy per directory, shared by workers and processes); one that cannot be
+    each is fetched whole into it before its first sample is read, and read from there
+    afterwards (one copy per directory, shared by workers and processes); one that cannot be
     cached (too large for the cache's size limit, no room, another process fetching it for
     too long) is read directly, with a warning.
 
@@ -285,7 +284,7 @@ class FastLoader:
         iterator = EpochIterator(start, resources=self._resources, slots=self._slots, stats=self._stats,
                                  timeout=self.timeout, stall_timeout=self._options.stall_timeout,
                                  ahead=weakref.WeakMethod(self._next_epoch_ahead))
-        self._delivery = iterator.state
+        self._delivery = self._resources.delivery = iterator.state
         return iterator
 
     def _start_epoch(self, workers, plan):
@@ -316,7 +315,7 @@ class FastLoader:
         delivery = self._delivery
         if self._resume is not None:
             epoch, delivered, consumed = self._resume.epoch, self._resume.worker_batches, self._resume.worker_consumed
-        elif delivery is not None and not delivery.complete:
+        elif delivery is not None and not delivery.handed_out:
             epoch, delivered, consumed = delivery.epoch, tuple(delivery.handed), tuple(delivery.consumed)
         else:
             epoch, delivered, consumed = self.epoch, (0,) * self.num_workers, (0,) * self.num_workers
@@ -377,8 +376,6 @@ class FastLoader:
 
     def close(self):
         """Stop the workers and free the shared memory (NOTE [shutdown order]). Idempotent."""
-        if self._delivery is not None:
-            self._delivery.settle = None  # it holds the iterator, and that the workers' queues
         self._finalizer()
 
     def __enter__(self):

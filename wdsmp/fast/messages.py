@@ -10,6 +10,7 @@ import traceback as _traceback
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from .._redact import redacted
 from ..errors import WorkerError
 
 __all__ = ["BatchReady", "EpochTask", "Reading", "Stop", "WorkerDone", "WorkerFailed", "WorkerWarning"]
@@ -111,8 +112,8 @@ class WorkerFailed:
         """A ``WorkerError`` naming the worker, shard and member, with the worker's traceback."""
         where = "".join([f", shard {self.shard!r}" if self.shard is not None else "",
                          f", member {self.member!r}" if self.member is not None else ""])
-        error = WorkerError(f"loader worker {self.worker} failed{where}: {self.exc_type}: {self.message}\n"
-                            f"--- traceback in worker {self.worker} ---\n{self.traceback.rstrip()}")
+        error = WorkerError(redacted(f"loader worker {self.worker} failed{where}: {self.exc_type}: {self.message}\n"
+                                     f"--- traceback in worker {self.worker} ---\n{self.traceback.rstrip()}"))
         error.worker, error.shard, error.member, error.exc_type = self.worker, self.shard, self.member, self.exc_type
         return error
 

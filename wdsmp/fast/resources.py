@@ -61,6 +61,9 @@ class LoaderResources:
     def __init__(self, ring):
         self.ring = ring
         self.workers = None
+        # The current epoch's DeliveryState: one whose batches were all handed out holds its
+        # iterator (and so the workers' queues) until settled; close() lets go of it.
+        self.delivery = None
         self.pinned = None
         self.cleanups = []
         self.closed = False
@@ -85,6 +88,8 @@ class LoaderResources:
         if self.closed:
             return
         self.closed = True
+        if self.delivery is not None:
+            self.delivery.settle = None
         try:
             if self.workers is not None:
                 self.workers.shutdown()
