@@ -5,29 +5,30 @@ DataLoader worker the current process is; the shard splitters and the seeded
 samplers all ask it, so they always agree.
 """
 
+import sys
+
 from . import _env
 
 __all__ = ["pytorch_worker_info", "pytorch_worker_seed"]
 
+# Both are looked up, never imported: a process group exists only where torch.distributed was
+# imported, a DataLoader worker only where torch.utils.data was. Importing them here would cost
+# a process without torch its import, and a first import of torch.utils.data keeps the frames
+# of its callers (a loader under construction among them) alive for the life of the process.
+
 
 def _distributed_rank_world(group):
     """(rank, world_size) from torch.distributed when it is initialised, else None."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    if not (dist.is_available() and dist.is_initialized()):
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not (dist.is_available() and dist.is_initialized()):
         return None
     return dist.get_rank(group=group), dist.get_world_size(group=group)
 
 
 def _dataloader_worker():
     """(worker, num_workers) inside a DataLoader worker process, else None."""
-    try:
-        from torch.utils.data import get_worker_info
-    except ImportError:
-        return None
-    info = get_worker_info()
+    data = sys.modules.get("torch.utils.data")
+    info = None if data is None else data.get_worker_info()
     if info is None:
         return None
     return info.id, info.num_workers

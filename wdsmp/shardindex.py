@@ -139,7 +139,7 @@ def shard_counts(urls, index=None):
     """``[(url, count or None), ...]`` for a loader's ``urls`` argument: a manifest (``.json``),
     a shard spec (brace patterns, ``::`` lists), URLs or ``(url, count)`` pairs; with ``index``
     (a manifest) the counts come from it, and every shard must be in it."""
-    from .shardlists import expand_urls
+    from ._shardurls import expand_urls  # not through shardlists, which imports torch.utils.data
 
     if is_index(urls) and index is None:
         return read_index(urls)

@@ -596,7 +596,12 @@ def test_workers_exit_when_the_main_process_is_killed(shards, tmp_path, start_me
     assert _gone(pids, 5)  # parent watch
     from wdsmp.fast.ring import cleanup_stale
 
-    cleanup_stale()  # what a new FastLoader does first
+    # What a new FastLoader does first. Under fork the workers share the owner's lock on the
+    # ring, and a worker seen gone may still be closing its files for a moment.
+    deadline = time.monotonic() + 5
+    while ring in os.listdir(SHM_DIR) and time.monotonic() < deadline:
+        cleanup_stale()
+        time.sleep(0.05)
     assert ring not in os.listdir(SHM_DIR)
 
 
@@ -879,6 +884,10 @@ def test_a_loader_dropped_after_an_epoch_left_after_its_last_batch_leaves_no_sem
         for _ in zip(range(len(loader)), loader):
             pass
         del loader
+        # A closed queue's feeder thread holds its write lock until it has finished.
+        deadline = time.monotonic() + 5
+        while {n for n in os.listdir(SHM_DIR) if n.startswith(mine)} - before and time.monotonic() < deadline:
+            time.sleep(0.05)
         assert not {n for n in os.listdir(SHM_DIR) if n.startswith(mine)} - before
     finally:
         gc.enable()
