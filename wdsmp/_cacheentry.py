@@ -74,13 +74,14 @@ _MARK = re.compile(rb"wdsmp cache entry of (\d+) bytes\n\Z")  # a lock file's co
 
 
 def say(message):
-    """A verbose message of the cache, on stderr."""
-    print(message, file=sys.stderr, flush=True)
+    """A verbose message of the cache, on stderr (URLs' passwords masked)."""
+    print(redacted(message), file=sys.stderr, flush=True)
 
 
 def warn(message):
-    """A RuntimeWarning: the cache could not be used, and reading goes on without it."""
-    warnings.warn(message, RuntimeWarning, stacklevel=3)
+    """A RuntimeWarning: the cache could not be used, and reading goes on without it (URLs'
+    passwords masked)."""
+    warnings.warn(redacted(message), RuntimeWarning, stacklevel=3)
 
 
 def temp_beside(path):
@@ -102,7 +103,6 @@ def known_too_big(url, cache_size):
     ``cache_size`` bytes, else None: fetching it for the cache again would only be refused."""
     size = _TOO_BIG.get(url)
     return size if size is not None and cache_size is not None and size > cache_size else None
-
 
 
 class EntryLock:
@@ -233,7 +233,7 @@ def claim(url, path, lock, *, unfit, timeout, verbose=False):
                     return None
                 problem = unfit(path)
                 if problem is not None:
-                    warn(f"cache file {path} for {redacted(url)} {problem}; fetching it again")
+                    warn(f"cache file {path} for {url} {problem}; fetching it again")
                     remove_if_present(path)
                     return None
                 lock.release()  # added by another process just now: read it shared
@@ -296,10 +296,10 @@ def fetch(url, path, lock, *, cache_dir, cache_size, validate, verbose=False):
     except OSError as exn:
         lock.release()
         warn(f"cannot create a cache file in {os.path.dirname(path)} ({exn}); "
-             f"reading {redacted(url)} without caching")
+             f"reading {url} without caching")
         return source
     if verbose:
-        say(f"[caching {redacted(url)} at {temp}]")
+        say(f"[caching {url} at {temp}]")
     add = functools.partial(_add_entry, url, path, cache_dir=cache_dir, cache_size=cache_size,
                             validate=validate, verbose=verbose)
     return _Tee(source, url, temp, fd, lock, add)
@@ -349,7 +349,7 @@ class _Tee(io.RawIOBase):
                 view = view[os.write(self._fd, view):]
         except OSError as exn:
             self._drop(f"cannot write the cache file {self._temp} ({exn}); "
-                       f"reading {redacted(self._url)} on without caching it")
+                       f"reading {self._url} on without caching it")
 
     def _finish(self):
         """End of the source: the temp is handed over to become the entry;
@@ -360,7 +360,7 @@ class _Tee(io.RawIOBase):
         try:
             os.fsync(fd)
         except OSError as exn:
-            self._drop(f"cannot write the cache file {self._temp} ({exn}); not caching {redacted(self._url)}")
+            self._drop(f"cannot write the cache file {self._temp} ({exn}); not caching {self._url}")
             return
         finally:
             os.close(fd)
@@ -403,23 +403,23 @@ def _add_entry(url, path, temp, lock, *, cache_dir, cache_size, validate, verbos
         problem = validate(temp, url)
         if problem is not None:
             if verbose:
-                say(f"[not caching {redacted(url)}: {problem}]")  # the reader raises it too
+                say(f"[not caching {url}: {problem}]")  # the reader raises it too
             return
         size = os.path.getsize(temp)
         if cache_size is not None and size > cache_size:
             _TOO_BIG[url] = size
-            warn(f"{redacted(url)} ({size} bytes) is larger than cache_size ({cache_size} bytes); "
+            warn(f"{url} ({size} bytes) is larger than cache_size ({cache_size} bytes); "
                  f"not caching it")
             return
         if not sweep(cache_dir, cache_size, size, verbose=verbose):
-            warn(f"not caching {redacted(url)}: the cache at {cache_dir} is full of files in use")
+            warn(f"not caching {url}: the cache at {cache_dir} is full of files in use")
             return
         lock.mark(size)
         put_in_place(temp, path)
         if verbose:
             say(f"[done caching {path}]")
     except OSError as exn:
-        warn(f"cannot add {redacted(url)} to the cache at {path} ({exn}); not caching it")
+        warn(f"cannot add {url} to the cache at {path} ({exn}); not caching it")
     finally:
         remove_if_present(temp)
         lock.release()

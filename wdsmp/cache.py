@@ -47,7 +47,6 @@ import urllib.parse
 
 from . import _env
 from ._atomic import atomic_write
-from ._redact import redacted
 from ._cacheentry import (
     LOCK_SUFFIX,
     CachedFile,
@@ -272,7 +271,7 @@ def download(url, dest, chunk_size=1 << 20, verbose=False):
     end, so ``dest`` is whole or absent. Errors name ``url``: the source's as gopen
     raises them, a failure to write ``dest`` as a ShardError (an OSError) caused by it."""
     if verbose:
-        say(f"[downloading {redacted(url)} to {dest}]")
+        say(f"[downloading {url} to {dest}]")
     try:
         with atomic_write(dest, temp_beside(dest)) as temp, open(temp, "wb") as f, \
                 gopen(url) as stream:  # no source started for nothing
@@ -373,21 +372,21 @@ class FileCache:
         path = self.entry_path(url)
         lock = EntryLock(path)
         if lock.held_here():
-            self._say(f"[{redacted(url)} is being cached by this process: reading this copy uncached]")
+            self._say(f"[{url} is being cached by this process: reading this copy uncached]")
             return gopen(url)
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             cached = claim(url, path, lock, unfit=self._unfit, timeout=self.lock_timeout,
                            verbose=self.verbose)
         except OSError as exn:
-            warn(f"shard cache {self.cache_dir} unusable ({exn}); reading {redacted(url)} without caching")
+            warn(f"shard cache {self.cache_dir} unusable ({exn}); reading {url} without caching")
             return gopen(url)
         if cached is not None:
             return cached
         if lock.held:
             return fetch(url, path, lock, cache_dir=self.cache_dir, cache_size=self.cache_size,
                          validate=_tar_problem, verbose=self.verbose)
-        warn(f"waited {self.lock_timeout:g}s for another process caching {redacted(url)} at {path}; "
+        warn(f"waited {self.lock_timeout:g}s for another process caching {url} at {path}; "
              f"reading it without caching")
         return gopen(url)
 

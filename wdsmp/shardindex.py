@@ -21,6 +21,7 @@ import posixpath
 from urllib.parse import urlsplit, urlunsplit
 
 from ._atomic import atomic_write
+from ._shardurls import expand_urls  # not through shardlists, which imports torch.utils.data
 from .validation import is_int
 from .epochplan import shard_table
 from .gopen import gopen, local_path
@@ -139,8 +140,6 @@ def shard_counts(urls, index=None):
     """``[(url, count or None), ...]`` for a loader's ``urls`` argument: a manifest (``.json``),
     a shard spec (brace patterns, ``::`` lists), URLs or ``(url, count)`` pairs; with ``index``
     (a manifest) the counts come from it, and every shard must be in it."""
-    from ._shardurls import expand_urls  # not through shardlists, which imports torch.utils.data
-
     if is_index(urls) and index is None:
         return read_index(urls)
     table = shard_table(expand_urls(urls) if isinstance(urls, str) else urls)

@@ -74,8 +74,9 @@ class DeliveryState:
         """The next ``iter()`` comes: an epoch whose batches were all handed out, its end never
         asked for (``zip(range(len(loader)), loader)``), is ended as its end would have ended
         it, and its workers go on with the next epoch; any other is abandoned."""
-        settle, self.settle = self.settle, None
-        if not self.finished and settle is not None and self.handed == self.delivered:
+        settle, ready = self.settle, self.handed_out and not self.finished
+        self.settle = None
+        if ready:
             try:
                 settle()
             except Exception as exn:  # every batch was handed out: the next epoch gets new workers
