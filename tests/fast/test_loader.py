@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -20,7 +21,9 @@ from PIL import Image
 
 import wdsmp
 from wdsmp.errors import WorkerError
+from wdsmp.fast import loader as loader_module
 from wdsmp.fast.loader import Batch, FastLoader
+from wdsmp.fast.worker import make_first_batch
 from wdsmp.fast.ring import SHM_DIR
 from wdsmp.shardindex import write_index
 
@@ -156,7 +159,7 @@ def test_whole_shard_epochs_count_and_announce_what_they_leave_out(shards, polic
 def test_remote_shards_without_counts_are_refused_on_more_than_one_rank(shards, http_server, monkeypatch):
     urls, _, _ = shards
     for url in urls:
-        http_server.put_file(os.path.basename(url), open(url, "rb").read())
+        http_server.put_file(os.path.basename(url), Path(url).read_bytes())
     remote = [http_server.url(os.path.basename(url)) for url in urls]
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets them
@@ -972,3 +975,71 @@ def test_a_clean_exit_leaves_nothing_in_dev_shm(shards, tmp_path):
     pid = subprocess.run([sys.executable, str(script)], check=True, timeout=120, capture_output=True,
                          text=True).stdout.split()[-1]
     assert not [name for name in os.listdir(SHM_DIR) if f"-{pid}-" in name]
+
+
+def _first_batches_made_here(monkeypatch):
+    """What each ``make_first_batch`` call of the loaders returned (NOTE [first batch here]): the
+    real function, watched."""
+    made = []
+
+    def watched(*args, **kwargs):
+        made.append(make_first_batch(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(loader_module, "make_first_batch", watched)
+    return made
+
+
+@pytest.mark.parametrize("num_workers, shuffle_buffer", [(1, 0), (2, 0), (3, 20)])
+def test_a_first_batch_made_here_while_the_workers_start_gives_the_workers_epoch(shards, monkeypatch, num_workers,
+                                                                                 shuffle_buffer):
+    """NOTE [first batch here]: a fresh loader makes its first batch in this process and the worker
+    goes on after it; two epochs, their keys and pixels, are those the workers alone make."""
+    _, index, _ = shards
+    settings = dict(keys=True, seed=3, num_workers=num_workers, shuffle_buffer=shuffle_buffer)
+    made = _first_batches_made_here(monkeypatch)
+    with _loader(index, **settings) as loader:
+        here = [_epoch(loader) for _ in range(2)]
+    assert len(made) == 1 and made[0] is not None and made[0].rest.skip_batches == 1
+    monkeypatch.setattr(loader_module, "make_first_batch", lambda *args, **kwargs: None)
+    with _loader(index, **settings) as loader:
+        workers = [_epoch(loader) for _ in range(2)]
+    for (keys, pixels), (their_keys, their_pixels) in zip(here, workers):
+        assert keys == their_keys and torch.equal(pixels, their_pixels)
+    assert len(here[0][0]) == SHARDS * PER_SHARD - SHARDS * PER_SHARD % 4
+
+
+def test_a_bad_sample_in_a_first_batch_made_here_leaves_the_batch_to_the_worker(shards, monkeypatch):
+    """NOTE [first batch here]: the user's handler meets each bad sample once, in the worker, as
+    without the batch made here: a first batch with a bad sample is dropped before the handler sees it."""
+    urls, _, _ = shards
+    table = [(url, PER_SHARD) for url in urls]
+    with _loader(table, keys=True, seed=5) as loader:
+        key = next(iter(loader)).keys[2]
+    shard = int(key[1:key.index("/")])
+    table[shard] = (_damage(urls[shard], key), PER_SHARD)
+    made = _first_batches_made_here(monkeypatch)
+    with _loader(table, keys=True, seed=5, handler=wdsmp.warn_and_continue) as loader:
+        with pytest.warns(UserWarning) as caught:
+            keys, _ = _epoch(loader)
+        assert loader.stats["skipped"] == 1
+    assert made == [None] and key not in keys
+    assert len([w for w in caught if key in str(w.message)]) == 1
+
+
+@pytest.mark.parametrize("what", ["a stage", "a label function", "remote shards"])
+def test_a_first_batch_is_made_here_only_where_reading_twice_changes_nothing(shards, monkeypatch, http_server, what):
+    """NOTE [first batch here]: the user's stages and label functions would run twice over the
+    batch's samples, and remote shards would be fetched twice; the workers make those first batches."""
+    urls, _, _ = shards
+    table = [(url, PER_SHARD) for url in urls]
+    settings = {"a stage": dict(stages=[wdsmp.select(keep_even)]), "a label function": dict(label=label_plus_one),
+                "remote shards": {}}[what]
+    if what == "remote shards":
+        for url in urls:
+            http_server.put_file(os.path.basename(url), Path(url).read_bytes())
+        table = [(http_server.url(os.path.basename(url)), PER_SHARD) for url in urls]
+    made = _first_batches_made_here(monkeypatch)
+    with _loader(table, **settings) as loader:
+        assert next(iter(loader)).count == 4
+    assert made == [None]

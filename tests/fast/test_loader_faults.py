@@ -259,3 +259,20 @@ def test_no_room_for_the_semaphores_says_what_is_full_and_how_much_is_needed(sha
                         r"page each \(56 KiB in all\); free some of /dev/shm, use fewer workers, or enlarge it "
                         r"\(docker run --shm-size=...\)", error), error
     assert all(re.fullmatch(r"wdsmp-sem-\d+-[0-9a-f]{8}\.lock", name) for name in left.split())  # held till exit
+
+
+def test_a_stale_count_met_by_the_first_batch_is_warned_about_once(shard, monkeypatch):
+    """NOTE [first batch here]: a first batch made in this process that meets a stale count leaves
+    the batch to the worker, which warns; the shard's end is not announced twice."""
+    from wdsmp.fast import loader as loader_module
+    from wdsmp.fast.worker import make_first_batch
+
+    made = []
+    monkeypatch.setattr(loader_module, "make_first_batch", lambda *a, **k: made.append(make_first_batch(*a, **k)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with _loader([(shard, 40)], keys=True, batch_size=32) as loader:
+            keys = _keys(loader)
+    stale = [str(w.message) for w in caught if "stale sample count" in str(w.message)]
+    assert made == [None] and len(stale) == 1, stale
+    assert keys[:PER_SHARD] == [f"k/{i:03d}" for i in range(PER_SHARD)] and len(keys) == 32  # the rest padded

@@ -31,20 +31,28 @@ class EpochStart:
     """The tasks of ``plan`` (an ``EpochPlan``) for ``workers`` (``resources.Workers``), where
     ``streams[w]`` are the streams worker w runs. The worker of the first batch gets its task
     now, to make that batch with ``threads`` threads; the others get theirs when it is announced
-    (``note``) or ``FIRST_BATCH_HOLD`` seconds have passed (``tick``). ``early``: this epoch's
-    messages taken off the ready queue by the iterator of the epoch before (NOTE [next epoch
-    ahead])."""
+    (``note``) or ``FIRST_BATCH_HOLD`` seconds have passed (``tick``). ``make_first(worker,
+    stream plan, threads)``, where given, may make that batch here instead (a
+    ``worker.FirstBatch``, kept as ``made_here``, or None), and then every task goes at once.
+    ``early``: this epoch's messages taken off the ready queue by the iterator of the epoch
+    before (NOTE [next epoch ahead]), or the batch made here."""
 
-    def __init__(self, workers, plan, streams, threads):
+    def __init__(self, workers, plan, streams, threads, make_first=None):
         self.workers, self.plan, self.streams = workers, plan, streams
         self.early = []
         # The first batch comes from the stream with the fewest batches made (the lowest number first).
         first = min(range(plan.num_streams), key=lambda s: (plan.streams[s].skip_batches, s), default=None)
         self.first_worker = next((w for w, mine in enumerate(streams) if first in mine), None)
+        plans = list(plan.streams)
+        # NOTE [first batch here] in worker.py: made by ``make_first``, nobody waits for it.
+        self.made_here = None if make_first is None or first is None else make_first(
+            self.first_worker, plans[first], threads)
+        if self.made_here is not None:
+            self.early, plans[first], threads = list(self.made_here.messages), self.made_here.rest, 1
         self.deferred = {}  # worker -> its EpochTask, not sent yet
         self.release_at = time.monotonic() + FIRST_BATCH_HOLD
         for w, mine in enumerate(streams):
-            task = EpochTask(tuple(plan.streams[s] for s in mine), threads if w == self.first_worker else 1)
+            task = EpochTask(tuple(plans[s] for s in mine), threads if w == self.first_worker else 1)
             if w == self.first_worker or threads == 1:
                 workers.tasks[w].put(task)
             else:

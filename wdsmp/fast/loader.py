@@ -77,7 +77,7 @@ from .options import IMAGE_KEYS, DecodeOptions, LoaderOptions
 from .resources import LoaderResources
 from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
 from .stats import LoaderStats
-from .worker import IMAGES, KEYS, LABELS, WorkerConfig
+from .worker import IMAGES, KEYS, LABELS, WorkerConfig, make_first_batch
 
 __all__ = ["IMAGE_KEYS", "Batch", "FastLoader"]
 
@@ -276,23 +276,37 @@ class FastLoader:
             if ahead is not None and ahead.plan != plan:
                 workers.shutdown()  # they went ahead with another epoch than this one
                 ahead = None
-        if workers is None or workers.broken:
-            workers = self._resources.start_workers(self._config, self.num_workers, self.prefetch,
+        fresh = workers is None or workers.broken
+        if fresh:
+            workers = self._resources.new_workers(self._config, self.num_workers, self.prefetch,
                                                     self._options.start_method)
         self._stats.start()
-        start = ahead or self._start_epoch(workers, plan)
+        # A fresh generation's first batch is made here before its processes start, as the fork
+        # server, started at construction, gets ready (NOTE [first batch here] in worker.py).
+        start = ahead or self._start_epoch(workers, plan, here=fresh)
+        workers.start()
         iterator = EpochIterator(start, resources=self._resources, slots=self._slots, stats=self._stats,
                                  timeout=self.timeout, stall_timeout=self._options.stall_timeout,
                                  ahead=weakref.WeakMethod(self._next_epoch_ahead))
         self._delivery = self._resources.delivery = iterator.state
         return iterator
 
-    def _start_epoch(self, workers, plan):
+    def _start_epoch(self, workers, plan, here=False):
         """Send ``workers`` the tasks of ``plan``; the first batch is made by as many threads as
         there are workers and cores, unless rows call the user's functions (NOTE [first batch
-        together] in ``worker.py``)."""
+        together] in ``worker.py``), and by this process while fresh workers start (``here``,
+        NOTE [first batch here] there)."""
         threads = 1 if self._config.rows_call_user_code else min(self.num_workers, len(os.sched_getaffinity(0)))
-        return EpochStart(workers, plan, streams_of_workers(plan.num_streams, self.num_workers), threads)
+
+        def make_first(worker, stream, threads):
+            return make_first_batch(worker, self._config, stream, self._ring, workers.free[worker],
+                                    workers.stop_event, threads)
+
+        start = EpochStart(workers, plan, streams_of_workers(plan.num_streams, self.num_workers), threads,
+                           make_first if here else None)
+        if start.made_here is not None:
+            self._stats.add_stream_end(0, start.made_here.padded)
+        return start
 
     def _next_epoch_ahead(self, current):
         """Send the workers the next epoch's tasks now, as the last batch of epoch ``current`` is

@@ -13,10 +13,12 @@ __all__ = ["LoaderResources", "Workers"]
 
 
 class Workers:
-    """One generation of worker processes and their queues (NOTE [loader protocol])."""
+    """One generation of worker processes and their queues (NOTE [loader protocol]); the queues
+    are made here, the processes by ``start()``: tasks may be queued before."""
 
     def __init__(self, config, num_workers, prefetch, start_method):
-        ctx = _pool.context(start_method)
+        self.config, self.ctx = config, _pool.context(start_method)
+        ctx = self.ctx
         try:
             with _pool.named_semaphores():  # NOTE [semaphore names] in pool.py
                 self.stop_event = ctx.Event()
@@ -32,9 +34,14 @@ class Workers:
                 queue.put(slot)
         self.broken = False
         self.ahead = None  # the EpochStart of the epoch these workers went on with (NOTE [next epoch ahead])
-        self.pool = _pool.WorkerPool(worker_main, [(w, config, self.tasks[w], self.free[w], self.ready,
-                                                    self.stop_event) for w in range(num_workers)], ctx,
-                                     main=_pool.refers_to_main(config))
+        self.pool = None
+
+    def start(self):
+        """Start the worker processes (once)."""
+        if self.pool is None:
+            self.pool = _pool.WorkerPool(worker_main, [(w, self.config, self.tasks[w], self.free[w], self.ready,
+                                                        self.stop_event) for w in range(len(self.tasks))],
+                                         self.ctx, main=_pool.refers_to_main(self.config))
 
     def shutdown(self, timeout=5.0):
         """NOTE [shutdown order], the workers' part. Idempotent; done even when interrupted."""
@@ -45,9 +52,11 @@ class Workers:
             self.stop_event.set()
             for queue in self.tasks:
                 queue.put(Stop())
-            self.pool.stop(timeout)
+            if self.pool is not None:
+                self.pool.stop(timeout)
         finally:
-            self.pool.stop(0.0)  # after an interrupted join: terminate and kill at once
+            if self.pool is not None:
+                self.pool.stop(0.0)  # after an interrupted join: terminate and kill at once
             for queue in [self.ready, *self.tasks, *self.free]:
                 queue.cancel_join_thread()
                 queue.close()
@@ -72,8 +81,9 @@ class LoaderResources:
         if self.closed:
             raise ValueError("this FastLoader is closed")
 
-    def start_workers(self, config, num_workers, prefetch, start_method):
-        """A new generation of workers, after the current one (if any) is shut down."""
+    def new_workers(self, config, num_workers, prefetch, start_method):
+        """A new generation of workers, after the current one (if any) is shut down; its processes
+        start at its ``start()``."""
         if self.workers is not None:
             self.workers.shutdown()
         self.workers = Workers(config, num_workers, prefetch, start_method)

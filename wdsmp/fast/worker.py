@@ -38,6 +38,32 @@ NOTE [first batch together]
     may keep state or not be safe to call from two threads at once: with them,
     every batch is made by one thread, the first too, and nobody is held back.
 
+NOTE [first batch here]
+    A fresh generation of workers waits for the fork server to start (an
+    interpreter and the worker's modules, about 0.2 s on 2 cores), then for
+    its forks and the ring's attachment, while the loader's process, the
+    decoder at hand, waits for them. So when a fresh generation starts an
+    epoch (the first ``iter()``, or after a failure), the loader makes the
+    epoch's first batch itself (:func:`make_first_batch`), with the threads
+    the first batch's worker would use, as the fork server starts, then
+    starts the workers, and hands the batch out as that worker's.
+    That worker then goes on with the stream as a resumed one: it reads the
+    stream from its start and drops the items the batch took (epochplan.py's
+    replay), so the epoch is the one the workers alone make, sample for
+    sample and pixel for pixel. Only where reading the stream twice changes
+    nothing but time: local shards (a path or ``file:``), no stages (the
+    user's code would run twice over those samples), no label or field
+    function, a stream at its start; and only a clean batch: at the first
+    bad sample or shard, before the user's handler sees it, or a stale
+    sample count, before it is warned about, the batch is dropped and the
+    worker makes it, so the handler, its warnings and its counts meet every
+    sample once, where they always did. The collector
+    waits while the batch is made: a script that has just imported torch
+    owes a full collection of its hundreds of thousands of objects (about
+    0.1 s of the first batch on 2 cores, ``benchmarks/RESULTS.md``), which
+    the objects the batch reads would otherwise set off; it runs after, in
+    the training loop, where it would have run without the batch made here.
+
 NOTE [inherited objects]
     A forked worker shares its parent's memory until it writes to a page, and
     Python's cyclic garbage collector writes to every object it scans. Its
@@ -57,7 +83,7 @@ import random
 import signal
 import warnings
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from queue import Empty
 from time import perf_counter_ns
@@ -66,6 +92,7 @@ from typing import Callable, Optional, Tuple, Union
 import numpy as np
 
 from ..errors import SampleError, WdsmpError
+from ..gopen import local_path
 from ..liveness import exit_with_parent
 from ..ranges import buffer_shuffled, read_ranges
 from ..utils import make_seed
@@ -76,7 +103,7 @@ from .ring import Ring
 from .stats import WorkerClock
 from .values import fitted, integer_from_text, numbers_from_text
 
-__all__ = ["DecodeOptions", "WorkerConfig", "worker_main"]
+__all__ = ["DecodeOptions", "FirstBatch", "WorkerConfig", "make_first_batch", "worker_main"]
 
 IMAGES, LABELS, KEYS = "images", "labels", "__key__"
 _LABEL = np.dtype(np.int64)
@@ -117,6 +144,80 @@ class WorkerConfig:
     def rows_call_user_code(self):
         """Whether filling a row calls a label or field function (NOTE [first batch together])."""
         return callable(self.label) or any(callable(source) for _, source in self.fields)
+
+
+@dataclass(frozen=True)
+class FirstBatch:
+    """An epoch's first batch made in the loader's process (NOTE [first batch here]): the
+    messages its stream sent (``Reading``, ``BatchReady``), the stream's plan for the worker
+    that goes on after it, and the rows it padded (a stream that ended in its first batch)."""
+
+    messages: Tuple[object, ...]
+    rest: object
+    padded: int
+
+
+class _Declined(Exception):
+    """The first batch made in the loader's process met a bad sample or shard (NOTE [first batch here])."""
+
+
+def _decline(problem):
+    """A bad sample or shard (an exception), or a stale sample count (a message), met by the
+    first batch made here: the worker makes the batch, and meets it there."""
+    raise _Declined(problem)
+
+
+class _Outbox(list):
+    """Messages a stream sends, kept in order instead of sent."""
+
+    put = list.append
+
+
+class _SlotsTaken:
+    """A free-slot queue that remembers the slots taken from it."""
+
+    def __init__(self, queue):
+        self.queue, self.taken = queue, []
+
+    def get(self, timeout=None):
+        slot = self.queue.get(timeout=timeout)
+        self.taken.append(slot)
+        return slot
+
+
+def make_first_batch(worker, config, plan, ring, free, stop, threads):
+    """Make the first batch of ``plan``'s stream here, for ``worker``, into a slot from its
+    ``free`` queue of ``ring`` with ``threads`` threads (NOTE [first batch here]); a
+    ``FirstBatch``, or None (the slot given back) where the worker must make it."""
+    local = all(local_path(url) is not None for url in _stream_urls(plan))
+    if (not local or config.stages or config.rows_call_user_code or plan.skip_batches or plan.discard
+            or plan.consumed is not None or plan.num_batches == 0):
+        return None
+    outbox, slots = _Outbox(), _SlotsTaken(free)
+    stream = _Stream(worker, replace(config, handler=_decline), plan, ring, slots, outbox, stop, _Where(),
+                     WorkerClock())
+    stream.threads, stream.stale = threads, _decline
+    run = stream.run()
+    collecting = gc.isenabled()
+    gc.disable()  # NOTE [first batch here]: the script's pending full collection comes after the batch
+    try:
+        next(run)
+    except BaseException as exn:
+        for slot in slots.taken:
+            free.put(slot)
+        if isinstance(exn, (Exception, StopIteration)):  # the worker meets it again, and says so
+            return None
+        raise
+    finally:
+        run.close()
+        if collecting:
+            gc.enable()
+    return FirstBatch(tuple(outbox), replace(plan, skip_batches=stream.index, consumed=stream.taken), stream.padded)
+
+
+def _stream_urls(plan):
+    """The URLs a stream may read."""
+    return [url for url, _ in plan.pool] if plan.mode == "resampled" else [r.url for r in plan.ranges]
 
 
 class _Stopped(Exception):
@@ -224,6 +325,7 @@ class _Stream:
         self.samples = self.skipped = self.padded = 0
         self.index = plan.skip_batches  # the number of the stream's next batch
         self.last_good = None  # a copy of the last row of the last full batch: {field: array}
+        self.stale = None  # what a stale sample count is told to (None: a warning; NOTE [stale counts])
 
     def _handle(self, exn):
         """The user's handler on a bad sample or shard: True to go on (counted as skipped)."""
@@ -255,7 +357,8 @@ class _Stream:
     def _read(self, ranges):
         clock = self.clock
         counts = self.config.counts or None
-        samples = read_ranges(self._entered(ranges), self._handle, self.config.cache_dir, clock.reads, counts)
+        samples = read_ranges(self._entered(ranges), self._handle, self.config.cache_dir, clock.reads, counts,
+                              self.stale)
         while True:
             start = perf_counter_ns()
             sample = next(samples, None)
