@@ -1,7 +1,8 @@
 """FastLoader's first batches as a fresh process meets them: a new interpreter that imports torch
 and wdsmp as a training script does, builds a loader and times its first batch (from
-construction) and the first batch of its second epoch (from ``iter()``, workers kept), after
-an epoch taken as fast as it comes ("new epoch": nothing to overlap, the workers make the
+construction), its second batch after one training step of :data:`STEP` seconds (the wait
+left after the step), and the first batch of its second epoch (from ``iter()``, workers
+kept), after an epoch taken as fast as it comes ("new epoch": nothing to overlap, the workers make the
 first batch as the loop waits), and of its third, after an epoch whose loop trains
 :data:`STEP` seconds on each batch ("new epoch after training steps": the workers went ahead
 with it meanwhile, NOTE [next epoch ahead] in ``wdsmp/fast/epochstart.py``), and that epoch's
@@ -23,7 +24,7 @@ import tempfile
 
 __all__ = ["SCRIPT", "STEP", "first_batches"]
 
-STEP = 0.25  # seconds of "training" on each batch in the third epoch: about a batch's making on 2 cores
+STEP = 0.25  # seconds of "training" on a batch (the first, each of the third epoch): about a batch's making on 2 cores
 
 SCRIPT = """
 import json, sys, time
@@ -48,6 +49,10 @@ if __name__ == "__main__":
     next(batches)
     first = time.perf_counter()
     cpu = cpu_seconds(me) - cpu_before + sum(cpu_seconds(child) for child in me.children(recursive=True))
+    time.sleep(step)
+    fresh_second = time.perf_counter()
+    next(batches)
+    fresh_second = time.perf_counter() - fresh_second
     for _ in batches:
         pass
     end = time.perf_counter()
@@ -66,13 +71,15 @@ if __name__ == "__main__":
     second = time.perf_counter() - second
     loader.close()
     print(json.dumps({"construction": built - start, "first batch": first - start, "first batch, CPU": cpu,
+                      "first batch, then the second after one step": fresh_second,
                       "new epoch": tight, "new epoch after training steps": trained - end,
                       "new epoch after training steps, its second batch": second}))
 """
 
 
 def first_batches(index, batch_size, workers, image_size, *, tree=None, start_method="forkserver", timeout=600):
-    """``{"construction", "first batch", "first batch, CPU", "new epoch", "new epoch after training steps",
+    """``{"construction", "first batch", "first batch, CPU", "first batch, then the second after one step",
+    "new epoch", "new epoch after training steps",
     "new epoch after training steps, its second batch": seconds}``
     of a FastLoader over the corpus ``index`` in a fresh interpreter, its workers started by
     ``start_method``; ``tree``: a checkout put first on its ``PYTHONPATH``."""
