@@ -23,7 +23,8 @@ import wdsmp
 from wdsmp.errors import WorkerError
 from wdsmp.fast import loader as loader_module
 from wdsmp.fast.loader import Batch, FastLoader
-from wdsmp.fast.worker import make_first_batch
+from wdsmp.fast.resources import Workers
+from wdsmp.fast.worker import FIRST_BATCH_BUFFER, make_first_batch
 from wdsmp.fast.ring import SHM_DIR
 from wdsmp.shardindex import write_index
 
@@ -1027,14 +1028,15 @@ def test_a_bad_sample_in_a_first_batch_made_here_leaves_the_batch_to_the_worker(
     assert len([w for w in caught if key in str(w.message)]) == 1
 
 
-@pytest.mark.parametrize("what", ["a stage", "a label function", "remote shards"])
+@pytest.mark.parametrize("what", ["a stage", "a label function", "remote shards", "a large shuffle buffer"])
 def test_a_first_batch_is_made_here_only_where_reading_twice_changes_nothing(shards, monkeypatch, http_server, what):
     """NOTE [first batch here]: the user's stages and label functions would run twice over the
-    batch's samples, and remote shards would be fetched twice; the workers make those first batches."""
+    batch's samples, remote shards would be fetched twice, and a large shuffle buffer held in this
+    process; the workers make those first batches."""
     urls, _, _ = shards
     table = [(url, PER_SHARD) for url in urls]
     settings = {"a stage": dict(stages=[wdsmp.select(keep_even)]), "a label function": dict(label=label_plus_one),
-                "remote shards": {}}[what]
+                "remote shards": {}, "a large shuffle buffer": dict(shuffle_buffer=FIRST_BATCH_BUFFER + 1)}[what]
     if what == "remote shards":
         for url in urls:
             http_server.put_file(os.path.basename(url), Path(url).read_bytes())
@@ -1043,3 +1045,29 @@ def test_a_first_batch_is_made_here_only_where_reading_twice_changes_nothing(sha
     with _loader(table, **settings) as loader:
         assert next(iter(loader)).count == 4
     assert made == [None]
+
+
+def test_an_iter_whose_workers_fail_to_start_leaves_the_next_iter_a_whole_epoch(shards, monkeypatch):
+    """A first batch made here, then the workers' start failing (a fork refused, Ctrl-C): the
+    tasks already queued go with that generation, and the next ``iter()`` gives the whole epoch."""
+    _, index, _ = shards
+    with _loader(index, keys=True, seed=3) as loader:
+        state = loader.state_dict()
+        expected, _ = _epoch(loader)
+    real_start, failures = Workers.start, []
+
+    def failing_once(self):
+        if not failures:
+            failures.append(self)
+            raise OSError(11, "Resource temporarily unavailable")
+        real_start(self)
+
+    monkeypatch.setattr(Workers, "start", failing_once)
+    with _loader(index, keys=True, seed=3) as loader:
+        loader.load_state_dict(state)
+        with pytest.raises(OSError):
+            iter(loader)
+        assert failures[0].broken
+        loader.load_state_dict(state)
+        keys, _ = _epoch(loader)
+    assert keys == expected

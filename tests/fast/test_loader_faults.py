@@ -276,3 +276,30 @@ def test_a_stale_count_met_by_the_first_batch_is_warned_about_once(shard, monkey
     stale = [str(w.message) for w in caught if "stale sample count" in str(w.message)]
     assert made == [None] and len(stale) == 1, stale
     assert keys[:PER_SHARD] == [f"k/{i:03d}" for i in range(PER_SHARD)] and len(keys) == 32  # the rest padded
+
+
+def test_a_stale_count_past_a_first_batch_made_here_is_padded_as_the_workers_pad_it(tmp_path, monkeypatch):
+    """NOTE [first batch here]: the first batch ends on the shard's real end, so only the worker
+    meets the stale count; it pads with the last row of the batch made here, as it would with
+    the last row of its own."""
+    from wdsmp.fast import loader as loader_module
+    from wdsmp.fast.worker import make_first_batch
+
+    url = _shard(tmp_path / "eight.tar", count=8)
+    epochs, made = [], []
+    for here in (True, False):
+        watched = lambda *a, **k: made.append(make_first_batch(*a, **k)) or made[-1]  # noqa: E731
+        monkeypatch.setattr(loader_module, "make_first_batch", watched if here else lambda *a, **k: None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with _loader([(url, 16)], keys=True, batch_size=8) as loader:
+                batches = [(batch.keys, batch.images.clone()) for batch in loader]
+                padded = loader.stats["padded"]
+        stale = [w for w in caught if "stale sample count" in str(w.message)]
+        epochs.append((batches, padded, len(stale)))
+    (here, here_padded, here_stale), (workers, workers_padded, workers_stale) = epochs
+    assert [keys for keys, _ in here] == [keys for keys, _ in workers] == [[f"k/{i:03d}" for i in range(8)],
+                                                                            ["k/007"] * 8]
+    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(here, workers))
+    assert here_padded == workers_padded == 8 and here_stale == workers_stale == 1
+    assert len(made) == 1 and made[0] is not None and made[0].last_row is not None

@@ -47,12 +47,16 @@ class EpochStart:
         # NOTE [first batch here] in worker.py: made by ``make_first``, nobody waits for it.
         self.made_here = None if make_first is None or first is None else make_first(
             self.first_worker, plans[first], threads)
+        last_rows = None
         if self.made_here is not None:
             self.early, plans[first], threads = list(self.made_here.messages), self.made_here.rest, 1
+            if self.made_here.last_row is not None:
+                last_rows = {first: self.made_here.last_row}
         self.deferred = {}  # worker -> its EpochTask, not sent yet
         self.release_at = time.monotonic() + FIRST_BATCH_HOLD
         for w, mine in enumerate(streams):
-            task = EpochTask(tuple(plans[s] for s in mine), threads if w == self.first_worker else 1)
+            task = EpochTask(tuple(plans[s] for s in mine), threads if w == self.first_worker else 1,
+                             last_rows if w == self.first_worker else None)
             if w == self.first_worker or threads == 1:
                 workers.tasks[w].put(task)
             else:

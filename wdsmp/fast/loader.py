@@ -283,8 +283,13 @@ class FastLoader:
         self._stats.start()
         # A fresh generation's first batch is made here before its processes start, as the fork
         # server, started at construction, gets ready (NOTE [first batch here] in worker.py).
-        start = ahead or self._start_epoch(workers, plan, here=fresh)
-        workers.start()
+        try:
+            start = ahead or self._start_epoch(workers, plan, here=fresh)
+            workers.start()
+        except BaseException:
+            if fresh:  # tasks queued for processes that never ran: the next iter() starts afresh
+                workers.shutdown()
+            raise
         iterator = EpochIterator(start, resources=self._resources, slots=self._slots, stats=self._stats,
                                  timeout=self.timeout, stall_timeout=self._options.stall_timeout,
                                  ahead=weakref.WeakMethod(self._next_epoch_ahead))

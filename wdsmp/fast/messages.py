@@ -8,7 +8,7 @@ under spawn and forkserver.
 
 import traceback as _traceback
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from .._redact import redacted
 from ..errors import WorkerError
@@ -20,10 +20,14 @@ __all__ = ["BatchReady", "EpochTask", "Reading", "Stop", "WorkerDone", "WorkerFa
 class EpochTask:
     """A worker's part of an epoch: the ``StreamPlan`` of each stream it runs (in the epoch
     plan's order), and how many threads decode the first batch it makes (NOTE [first batch
-    together] in ``worker.py``: more than one for the worker of the epoch's first batch)."""
+    together] in ``worker.py``: more than one for the worker of the epoch's first batch).
+    ``last_rows``: ``{stream: {field: array}}``, the last row of a full batch made of a
+    stream elsewhere (NOTE [first batch here]), for the worker to pad with as if it had made
+    that batch (NOTE [full batches])."""
 
     plans: Tuple[object, ...]
     threads: int = 1
+    last_rows: Optional[Dict[int, Dict[str, object]]] = None
 
 
 @dataclass(frozen=True)

@@ -311,9 +311,14 @@ class WorkerPool:
         self.processes = [mp_context.Process(target=target, args=tuple(args), name=f"{name}-{i}", daemon=True)
                           for i, args in enumerate(argsets)]
         hide = not main and mp_context.get_start_method() != "fork"  # a fork copies __main__ as it is
-        with _main_hidden() if hide else contextlib.nullcontext():
-            for process in self.processes:
-                process.start()
+        try:
+            with _main_hidden() if hide else contextlib.nullcontext():
+                for process in self.processes:
+                    process.start()
+        except BaseException:  # no process left running that nobody will stop
+            self.processes = [p for p in self.processes if p.pid is not None]
+            self.stop(0.0)
+            raise
 
     def dead(self):
         """``[(worker, exitcode), ...]`` of the workers that have exited."""

@@ -53,11 +53,20 @@ NOTE [first batch here]
     sample and pixel for pixel. Only where reading the stream twice changes
     nothing but time: local shards (a path or ``file:``), no stages (the
     user's code would run twice over those samples), no label or field
-    function, a stream at its start; and only a clean batch: at the first
+    function, a stream at its start, a shuffle buffer of at most a batch or
+    ``FIRST_BATCH_BUFFER`` samples (the script's process holds what the
+    buffer reads, and the worker reads it again); and only a clean batch: at the first
     bad sample or shard, before the user's handler sees it, or a stale
     sample count, before it is warned about, the batch is dropped and the
     worker makes it, so the handler, its warnings and its counts meet every
-    sample once, where they always did. The collector
+    sample once, where they always did. The batch's last row goes to the
+    worker with its task, to pad with as if it had made the batch (NOTE [full
+    batches]). What the batch made here does differently: a warning Pillow
+    raises as it decodes one of its images is the script's own (its filters
+    apply; no "in loader worker" prefix), and its shards are read in the
+    script's process, so a mount that hangs (NFS, FUSE) holds up ``iter()``
+    itself, as counting such shards at construction already does, not a
+    worker that ``stall_timeout`` would catch. The collector
     waits while the batch is made: a script that has just imported torch
     owes a full collection of its hundreds of thousands of objects (about
     0.1 s of the first batch on 2 cores, ``benchmarks/RESULTS.md``), which
@@ -103,9 +112,11 @@ from .ring import Ring
 from .stats import WorkerClock
 from .values import fitted, integer_from_text, numbers_from_text
 
-__all__ = ["DecodeOptions", "FirstBatch", "WorkerConfig", "make_first_batch", "worker_main"]
+__all__ = ["FIRST_BATCH_BUFFER", "DecodeOptions", "FirstBatch", "WorkerConfig", "make_first_batch", "worker_main"]
 
 IMAGES, LABELS, KEYS = "images", "labels", "__key__"
+# The largest shuffle buffer (beyond one batch) a first batch is made here with: NOTE [first batch here].
+FIRST_BATCH_BUFFER = 256
 _LABEL = np.dtype(np.int64)
 _POLL = 0.2  # seconds between checks of the stop event while waiting
 _END = object()  # the end of a stream's samples (None is a value a stage may yield, wrongly)
@@ -150,11 +161,14 @@ class WorkerConfig:
 class FirstBatch:
     """An epoch's first batch made in the loader's process (NOTE [first batch here]): the
     messages its stream sent (``Reading``, ``BatchReady``), the stream's plan for the worker
-    that goes on after it, and the rows it padded (a stream that ended in its first batch)."""
+    that goes on after it, the rows it padded (a stream that ended in its first batch), and
+    ``last_row``, a copy of its last row when it is full (``{field: array}``), which the
+    worker pads with as if it had made it (NOTE [full batches])."""
 
     messages: Tuple[object, ...]
     rest: object
     padded: int
+    last_row: Optional[dict]
 
 
 class _Declined(Exception):
@@ -184,6 +198,10 @@ class _SlotsTaken:
         self.taken.append(slot)
         return slot
 
+    def put(self, slot):
+        self.taken.remove(slot)
+        self.queue.put(slot)
+
 
 def make_first_batch(worker, config, plan, ring, free, stop, threads):
     """Make the first batch of ``plan``'s stream here, for ``worker``, into a slot from its
@@ -191,7 +209,8 @@ def make_first_batch(worker, config, plan, ring, free, stop, threads):
     ``FirstBatch``, or None (the slot given back) where the worker must make it."""
     local = all(local_path(url) is not None for url in _stream_urls(plan))
     if (not local or config.stages or config.rows_call_user_code or plan.skip_batches or plan.discard
-            or plan.consumed is not None or plan.num_batches == 0):
+            or plan.consumed is not None or plan.num_batches == 0
+            or config.shuffle_buffer > max(plan.batch_size, FIRST_BATCH_BUFFER)):
         return None
     outbox, slots = _Outbox(), _SlotsTaken(free)
     stream = _Stream(worker, replace(config, handler=_decline), plan, ring, slots, outbox, stop, _Where(),
@@ -205,14 +224,15 @@ def make_first_batch(worker, config, plan, ring, free, stop, threads):
     except BaseException as exn:
         for slot in slots.taken:
             free.put(slot)
-        if isinstance(exn, (Exception, StopIteration)):  # the worker meets it again, and says so
+        if isinstance(exn, Exception):  # a bad sample, a stale count, an empty stream: the worker's to meet
             return None
         raise
     finally:
         run.close()
         if collecting:
             gc.enable()
-    return FirstBatch(tuple(outbox), replace(plan, skip_batches=stream.index, consumed=stream.taken), stream.padded)
+    return FirstBatch(tuple(outbox), replace(plan, skip_batches=stream.index, consumed=stream.taken), stream.padded,
+                      stream.last_good)
 
 
 def _stream_urls(plan):
@@ -249,6 +269,8 @@ def worker_main(worker, config, tasks, free, ready, stop):
                 return
             clock.restart()  # the time spent waiting for this epoch is nobody's
             streams = [_Stream(worker, config, plan, ring, free, ready, stop, where, clock) for plan in task.plans]
+            for stream in streams:  # NOTE [first batch here]: a full batch of the stream made elsewhere
+                stream.last_good = (task.last_rows or {}).get(stream.plan.stream)
             if streams:  # the first to make a batch makes it with the task's threads
                 min(streams, key=_turn).threads = task.threads
             _run_streams(streams, ready)
