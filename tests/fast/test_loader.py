@@ -1047,11 +1047,14 @@ def test_a_first_batch_is_made_here_only_where_reading_twice_changes_nothing(sha
     assert made == [None]
 
 
-def test_an_iter_whose_workers_fail_to_start_leaves_the_next_iter_a_whole_epoch(shards, monkeypatch):
+@pytest.mark.parametrize("loaded", [False, True])
+def test_an_iter_whose_workers_fail_to_start_is_run_again_by_the_next(shards, monkeypatch, loaded):
     """A first batch made here, then the workers' start failing (a fork refused, Ctrl-C): the
-    tasks already queued go with that generation, and the next ``iter()`` gives the whole epoch."""
+    tasks already queued go with that generation (its queues drained: a task carrying a row
+    would block its feeder thread), and the next ``iter()`` runs the same epoch, or the same
+    loaded state, whole. (160-pixel rows: a row over the 64 KiB a pipe holds.)"""
     _, index, _ = shards
-    with _loader(index, keys=True, seed=3) as loader:
+    with _loader(index, keys=True, seed=3, image_size=160) as loader:
         state = loader.state_dict()
         expected, _ = _epoch(loader)
     real_start, failures = Workers.start, []
@@ -1063,11 +1066,12 @@ def test_an_iter_whose_workers_fail_to_start_leaves_the_next_iter_a_whole_epoch(
         real_start(self)
 
     monkeypatch.setattr(Workers, "start", failing_once)
-    with _loader(index, keys=True, seed=3) as loader:
-        loader.load_state_dict(state)
+    with _loader(index, keys=True, seed=3, image_size=160) as loader:
+        if loaded:
+            loader.load_state_dict(state)
         with pytest.raises(OSError):
             iter(loader)
-        assert failures[0].broken
-        loader.load_state_dict(state)
+        assert failures[0].broken and loader.state_dict() == state
         keys, _ = _epoch(loader)
     assert keys == expected
+    assert not [q for q in failures[0].tasks if q._thread is not None and q._thread.is_alive()]

@@ -261,6 +261,7 @@ class FastLoader:
         self._resources.check_open()
         if self._delivery is not None:
             self._delivery.leave()
+        before = self._resume, self.epoch  # what a failed start leaves for the next iter()
         position = self._resume or PlanPosition(self.epoch)
         self._resume = None
         plan = self.plan(position)
@@ -286,13 +287,15 @@ class FastLoader:
         try:
             start = ahead or self._start_epoch(workers, plan, here=fresh)
             workers.start()
+            iterator = EpochIterator(start, resources=self._resources, slots=self._slots, stats=self._stats,
+                                     timeout=self.timeout, stall_timeout=self._options.stall_timeout,
+                                     ahead=weakref.WeakMethod(self._next_epoch_ahead))
         except BaseException:
-            if fresh:  # tasks queued for processes that never ran: the next iter() starts afresh
-                workers.shutdown()
+            # Tasks may be queued that no iterator follows (or for processes that never ran): these
+            # workers go, and the next iter() runs this very epoch (or loaded state) afresh.
+            workers.shutdown()
+            self._resume, self.epoch = before
             raise
-        iterator = EpochIterator(start, resources=self._resources, slots=self._slots, stats=self._stats,
-                                 timeout=self.timeout, stall_timeout=self._options.stall_timeout,
-                                 ahead=weakref.WeakMethod(self._next_epoch_ahead))
         self._delivery = self._resources.delivery = iterator.state
         return iterator
 

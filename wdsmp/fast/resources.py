@@ -4,6 +4,7 @@ NOTE [loader protocol] in ``loader.py``). Kept apart from the loader object, so 
 loader's finalizer holds no reference cycle."""
 
 import errno
+from queue import Empty
 
 from . import pool as _pool
 from .messages import Stop
@@ -57,9 +58,21 @@ class Workers:
         finally:
             if self.pool is not None:
                 self.pool.stop(0.0)  # after an interrupted join: terminate and kill at once
+            for queue in self.tasks:
+                _drain(queue)
             for queue in [self.ready, *self.tasks, *self.free]:
                 queue.cancel_join_thread()
                 queue.close()
+
+
+def _drain(queue):
+    """Take what no worker took off ``queue``: a task larger than a pipe holds (one carrying a
+    row, NOTE [first batch here] in ``worker.py``) would keep its feeder thread blocked for ever."""
+    while not queue.empty():
+        try:
+            queue.get(timeout=0.1)
+        except Empty:
+            return
 
 
 class LoaderResources:
