@@ -40,38 +40,38 @@ NOTE [first batch together]
 
 NOTE [first batch here]
     A fresh generation of workers waits for the fork server to start (an
-    interpreter and the worker's modules, about 0.2 s on 2 cores), then for
-    its forks and the ring's attachment, while the loader's process, the
-    decoder at hand, waits for them. So when a fresh generation starts an
-    epoch (the first ``iter()``, or after a failure), the loader makes the
-    epoch's first batch itself (:func:`make_first_batch`), with the threads
-    the first batch's worker would use, as the fork server starts, then
-    starts the workers, and hands the batch out as that worker's.
-    That worker then goes on with the stream as a resumed one: it reads the
-    stream from its start and drops the items the batch took (epochplan.py's
-    replay), so the epoch is the one the workers alone make, sample for
-    sample and pixel for pixel. Only where reading the stream twice changes
-    nothing but time: local shards (a path or ``file:``), no stages (the
-    user's code would run twice over those samples), no label or field
-    function, a stream at its start, a shuffle buffer of at most a batch or
-    ``FIRST_BATCH_BUFFER`` samples (the script's process holds what the
-    buffer reads, and the worker reads it again); and only a clean batch: at the first
-    bad sample or shard, before the user's handler sees it, or a stale
-    sample count, before it is warned about, the batch is dropped and the
-    worker makes it, so the handler, its warnings and its counts meet every
-    sample once, where they always did. The batch's last row goes to the
-    worker with its task, to pad with as if it had made the batch (NOTE [full
-    batches]). What the batch made here does differently: a warning Pillow
-    raises as it decodes one of its images is the script's own (its filters
-    apply; no "in loader worker" prefix), and its shards are read in the
-    script's process, so a mount that hangs (NFS, FUSE) holds up ``iter()``
-    itself, as counting such shards at construction already does, not a
-    worker that ``stall_timeout`` would catch. The collector
-    waits while the batch is made: a script that has just imported torch
-    owes a full collection of its hundreds of thousands of objects (about
-    0.1 s of the first batch on 2 cores, ``benchmarks/RESULTS.md``), which
-    the objects the batch reads would otherwise set off; it runs after, in
-    the training loop, where it would have run without the batch made here.
+    interpreter and the worker's modules, about 0.2 s on 2 cores), for its
+    forks and the ring's attachment, while the loader's process waits with
+    the decoder at hand. So when a fresh generation starts an epoch (the
+    first ``iter()``, or after a failure), the loader makes the epoch's first
+    batch itself (:func:`make_first_batch`), with the threads the first
+    batch's worker would use, as the fork server starts; then it starts the
+    workers and hands the batch out as that worker's. The worker goes on with
+    the stream as a resumed one: it reads the stream from its start, drops
+    the items the batch took (epochplan.py's replay), and pads, if it must,
+    with the batch's last row, sent with its task (NOTE [full batches]). The
+    epoch is the one the workers alone make, sample for sample and pixel for
+    pixel.
+
+    Only where reading the stream twice changes nothing but time: local
+    shards (a path or ``file:``); no stages, label or field functions (the
+    user's code would run twice over those samples, or in another process);
+    a stream at its start; a shuffle buffer of at most a batch or
+    ``FIRST_BATCH_BUFFER`` samples (the script's process holds what it
+    reads). And only a clean batch: at the first bad sample or shard (before
+    the user's handler sees it) or stale sample count (before it is warned
+    about), the batch is dropped and the worker makes it, so the handler, its
+    warnings and the counts meet every sample once, as they always did.
+
+    The collector waits while the batch is made: a script that has just
+    imported torch owes a full collection of its hundreds of thousands of
+    objects (about 0.1 s of the first batch on 2 cores,
+    ``benchmarks/RESULTS.md``), which the objects the batch reads would set
+    off; it runs after, in the training loop. What else differs: a warning
+    Pillow raises as it decodes one of the batch's images is the script's
+    own (its filters apply; no "in loader worker" prefix), and a mount that
+    hangs (NFS, FUSE) holds up ``iter()`` itself, as counting such shards at
+    construction already does, not a worker that ``stall_timeout`` catches.
 
 NOTE [inherited objects]
     A forked worker shares its parent's memory until it writes to a page, and
@@ -115,7 +115,8 @@ from .values import fitted, integer_from_text, numbers_from_text
 __all__ = ["FIRST_BATCH_BUFFER", "DecodeOptions", "FirstBatch", "WorkerConfig", "make_first_batch", "worker_main"]
 
 IMAGES, LABELS, KEYS = "images", "labels", "__key__"
-# The largest shuffle buffer (beyond one batch) a first batch is made here with: NOTE [first batch here].
+# A first batch is made here only with a shuffle buffer of at most this many samples, or a batch
+# (NOTE [first batch here]).
 FIRST_BATCH_BUFFER = 256
 _LABEL = np.dtype(np.int64)
 _POLL = 0.2  # seconds between checks of the stop event while waiting
