@@ -4,6 +4,7 @@ and WebLoader, with real shards and real DataLoader worker processes."""
 import collections
 import pathlib
 import pickle
+import re
 import warnings
 
 import pytest
@@ -283,8 +284,13 @@ def test_a_shard_too_big_for_the_cache_is_read_directly(index, http_server, tmp_
                               shuffle=False, cache_dir=str(tmp_path / "cache"))
     dataset = wds.DataPipeline(source, wds.to_tuple("__key__", "cls"), wds.batched(BATCH, partial=False))
     gets = lambda: [len(http_server.requests(f"part-{s}.tar", "GET")) for s in range(len(SIZES))]  # noqa: E731
-    with pytest.warns(UserWarning, match="could not cache .*part-0.tar.*reading it directly"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         keys = _keys(dataset)
+    said = [str(w.message) for w in caught]
+    assert any(re.search(r"part-0.tar \(\d+ bytes\) is larger than cache_size \(1000 bytes\); not caching it", m)
+               for m in said), said
+    assert any(re.search("could not cache .*part-0.tar.*reading it directly", m) for m in said), said
     assert keys == sorted(keys) and len(keys) == sum(SIZES) // BATCH * BATCH
     assert gets() == [2, 2, 2]  # fetched for the cache, refused, read directly
     with pytest.warns(UserWarning, match="larger than cache_size .* not fetched for the cache again"):
