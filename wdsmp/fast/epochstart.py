@@ -33,7 +33,7 @@ class EpochStart:
     now, to make that batch with ``threads`` threads; the others get theirs when it is announced
     (``note``) or ``FIRST_BATCH_HOLD`` seconds have passed (``tick``). ``make_first(worker,
     stream plan, threads)``, where given, may make that batch here instead (a
-    ``worker.FirstBatch``, kept as ``made_here``, or None), and then every task goes at once.
+    ``worker.FirstBatch``, or None), and then every task goes at once.
     ``early``: this epoch's messages taken off the ready queue by the iterator of the epoch
     before (NOTE [next epoch ahead]), or the batch made here."""
 
@@ -45,13 +45,12 @@ class EpochStart:
         self.first_worker = next((w for w, mine in enumerate(streams) if first in mine), None)
         plans = list(plan.streams)
         # NOTE [first batch here] in worker.py: made by ``make_first``, nobody waits for it.
-        self.made_here = None if make_first is None or first is None else make_first(
-            self.first_worker, plans[first], threads)
+        made = None if make_first is None or first is None else make_first(self.first_worker, plans[first], threads)
         last_rows = None
-        if self.made_here is not None:
-            self.early, plans[first], threads = list(self.made_here.messages), self.made_here.rest, 1
-            if self.made_here.last_row is not None:
-                last_rows = {first: self.made_here.last_row}
+        if made is not None:
+            self.early, plans[first], threads = list(made.messages), made.rest, 1
+            if made.last_row is not None:
+                last_rows = {first: made.last_row}
         self.deferred = {}  # worker -> its EpochTask, not sent yet
         self.release_at = time.monotonic() + FIRST_BATCH_HOLD
         for w, mine in enumerate(streams):

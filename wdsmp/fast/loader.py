@@ -310,11 +310,8 @@ class FastLoader:
             return make_first_batch(worker, self._config, stream, self._ring, workers.free[worker],
                                     workers.stop_event, threads)
 
-        start = EpochStart(workers, plan, streams_of_workers(plan.num_streams, self.num_workers), threads,
-                           make_first if here else None)
-        if start.made_here is not None:
-            self._stats.add_stream_end(0, start.made_here.padded)
-        return start
+        return EpochStart(workers, plan, streams_of_workers(plan.num_streams, self.num_workers), threads,
+                          make_first if here else None)
 
     def _next_epoch_ahead(self, current):
         """Send the workers the next epoch's tasks now, as the last batch of epoch ``current`` is

@@ -18,8 +18,8 @@ class Workers:
     are made here, the processes by ``start()``: tasks may be queued before."""
 
     def __init__(self, config, num_workers, prefetch, start_method):
-        self.config, self.ctx = config, _pool.context(start_method)
-        ctx = self.ctx
+        self.config = config
+        ctx = self.ctx = _pool.context(start_method)
         try:
             with _pool.named_semaphores():  # NOTE [semaphore names] in pool.py
                 self.stop_event = ctx.Event()

@@ -162,13 +162,11 @@ class WorkerConfig:
 class FirstBatch:
     """An epoch's first batch made in the loader's process (NOTE [first batch here]): the
     messages its stream sent (``Reading``, ``BatchReady``), the stream's plan for the worker
-    that goes on after it, the rows it padded (a stream that ended in its first batch), and
-    ``last_row``, a copy of its last row when it is full (``{field: array}``), which the
-    worker pads with as if it had made it (NOTE [full batches])."""
+    that goes on after it, and ``last_row``, a copy of its last row when it is full (``{field:
+    array}``), which the worker pads with as if it had made it (NOTE [full batches])."""
 
     messages: Tuple[object, ...]
     rest: object
-    padded: int
     last_row: Optional[dict]
 
 
@@ -222,6 +220,8 @@ def make_first_batch(worker, config, plan, ring, free, stop, threads):
     gc.disable()  # NOTE [first batch here]: the script's pending full collection comes after the batch
     try:
         next(run)
+        if stream.padded:  # rows the stream lacked: not a clean batch either
+            raise _Declined()
     except BaseException as exn:
         for slot in slots.taken:
             free.put(slot)
@@ -232,7 +232,7 @@ def make_first_batch(worker, config, plan, ring, free, stop, threads):
         run.close()
         if collecting:
             gc.enable()
-    return FirstBatch(tuple(outbox), replace(plan, skip_batches=stream.index, consumed=stream.taken), stream.padded,
+    return FirstBatch(tuple(outbox), replace(plan, skip_batches=stream.index, consumed=stream.taken),
                       stream.last_good)
 
 
