@@ -10,11 +10,11 @@ it; rounds are interleaved across the parts (and across ``--tree`` checkouts, ea
 and the median of the rounds is reported, with the lowest beside it. The parts:
 
 - interpreter: ``python -c pass``;
-- imports, each beyond the bare interpreter: numpy, torch, the fork server's preload
-  (``wdsmp.fast.worker``, what every worker holds), and what a training script imports
-  (``torch``, ``wdsmp`` and ``wdsmp.FastLoader``);
-- fork server: from starting it (with the worker module as its preload) to the first child it
-  forks, which is when the first workers can start;
+- imports, each beyond the bare interpreter: numpy, torch, the fork server's preloads
+  (``wdsmp.fast.pool.preloads``: the worker module, what every worker holds, and what comes
+  before it), and what a training script imports (``torch``, ``wdsmp`` and ``wdsmp.FastLoader``);
+- fork server: from starting it (with wdsmp's preloads) to the first child it forks, which is
+  when the first workers can start;
 - ring: ``Ring.create`` of the benchmark's slots (the memory reserved with ``posix_fallocate``);
 - opening the first shard and reading its first sample, the first image's decode (a fresh
   process's first call, and the mean of the following ones), and a whole batch decoded,
@@ -40,7 +40,8 @@ _IMPORTS = {
     "interpreter": "pass",
     "import numpy": "import numpy",
     "import torch": "import torch",
-    "fork server's preload (wdsmp.fast.worker)": "import wdsmp.fast.worker",
+    "fork server's preloads (wdsmp's, in order)": ("from wdsmp.fast.pool import preloads; import importlib; "
+                                                   "[importlib.import_module(m) for m in preloads([], False)]"),
     "a training script's imports (torch, wdsmp, FastLoader)": "import torch, wdsmp; wdsmp.FastLoader",
 }
 
@@ -49,7 +50,8 @@ _FORK_SERVER = textwrap.dedent("""
     from multiprocessing import forkserver
     if __name__ == "__main__":
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["wdsmp.fast.worker"])
+        from wdsmp.fast.pool import preloads
+        ctx.set_forkserver_preload(preloads([], False))
         start = time.perf_counter()
         forkserver.ensure_running()
         child = ctx.Process(target=time.sleep, args=(0,))

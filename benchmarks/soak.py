@@ -78,7 +78,7 @@ def run_epoch(loader, epoch, rng, kill):
                 keys += batch.keys
                 if rng.random() < kill:
                     try:
-                        os.kill(rng.choice(loader._resources.workers.pool.pids()), signal.SIGKILL)
+                        os.kill(rng.choice(loader._resources.workers.pids()), signal.SIGKILL)
                         kills += 1
                     except ProcessLookupError:  # killed already, and not yet noticed
                         pass

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from PIL import Image
 import wdsmp
 from wdsmp.errors import WorkerError
 from wdsmp.fast import loader as loader_module
+from wdsmp.fast import pool as pool_module
 from wdsmp.fast.loader import Batch, FastLoader
 from wdsmp.fast.resources import Workers
 from wdsmp.fast.worker import FIRST_BATCH_BUFFER, make_first_batch
@@ -470,7 +472,7 @@ def test_break_then_iterate_again_and_close_is_idempotent(shards):
 
 
 def _worker_pids(loader):
-    return loader._resources.workers.pool.pids()
+    return loader._resources.workers.pids()
 
 
 def test_garbage_collection_stops_workers_and_frees_the_ring(shards):
@@ -540,7 +542,7 @@ _CHILD = textwrap.dedent("""
         loader = FastLoader(sys.argv[1], 4, num_workers=2, image_size=24, start_method=sys.argv[3])
         iterator = iter(loader)
         next(iterator)
-        print(loader._ring.name, *loader._resources.workers.pool.pids(), flush=True)
+        print(loader._ring.name, *loader._resources.workers.pids(), flush=True)
         if sys.argv[2] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         while True:  # epoch after epoch, until a signal ends it
@@ -1059,11 +1061,11 @@ def test_an_iter_whose_workers_fail_to_start_is_run_again_by_the_next(shards, mo
         expected, _ = _epoch(loader)
     real_start, failures = Workers.start, []
 
-    def failing_once(self):
+    def failing_once(self, background=False):  # at the call, also where the rest would go to a thread
         if not failures:
             failures.append(self)
             raise OSError(11, "Resource temporarily unavailable")
-        real_start(self)
+        real_start(self, background)
 
     monkeypatch.setattr(Workers, "start", failing_once)
     with _loader(index, keys=True, seed=3, image_size=160) as loader:
@@ -1075,3 +1077,38 @@ def test_an_iter_whose_workers_fail_to_start_is_run_again_by_the_next(shards, mo
         keys, _ = _epoch(loader)
     assert keys == expected
     assert not [q for q in failures[0].tasks if q._thread is not None and q._thread.is_alive()]
+
+
+def test_workers_failing_to_start_behind_a_first_batch_made_here_end_the_epoch_with_why(shards, monkeypatch):
+    """NOTE [first batch here]: the workers start in a thread as the loop takes the first batch;
+    a start that fails there (a fork refused) fails the next batch with a WorkerError naming the
+    cause, as a worker that died would, and leaves nothing behind: the state after the first
+    batch resumes the epoch exactly, and the next iter() runs on new workers."""
+    _, index, _ = shards
+    with _loader(index, keys=True, seed=3) as loader:
+        expected, _ = _epoch(loader)
+    real_pool, failures = pool_module.WorkerPool, []
+
+    def refused_once(*args, **kwargs):
+        if not failures:
+            failures.append(threading.current_thread().name)
+            raise OSError(11, "Resource temporarily unavailable")
+        return real_pool(*args, **kwargs)
+
+    monkeypatch.setattr(pool_module, "WorkerPool", refused_once)
+    made = _first_batches_made_here(monkeypatch)
+    with _loader(index, keys=True, seed=3) as loader:
+        batches = iter(loader)
+        first = next(batches).keys
+        state = loader.state_dict()
+        generation = loader._resources.workers
+        with pytest.raises(WorkerError, match="failed to start during epoch 0, after its first batch .*"
+                                              "Resource temporarily unavailable") as caught:
+            next(batches)
+        assert isinstance(caught.value.__cause__, OSError)
+        assert generation.broken and failures == ["wdsmp-start-workers"] and made[0] is not None
+        assert len(list(loader)) == len(loader)  # the next epoch, on new workers
+        assert not [q for q in generation.tasks if q._thread is not None and q._thread.is_alive()]
+        loader.load_state_dict(state)
+        keys, _ = _epoch(loader)
+    assert first + keys == expected

@@ -134,7 +134,7 @@ def test_a_stalled_worker_is_killed_and_named_with_its_shard(shard, how):
     with _loader([(shard, PER_SHARD)], prefetch=1, stall_timeout=2, stages=stages) as loader:
         iterator = iter(loader)
         next(iterator)
-        pid = loader._resources.workers.pool.pids()[0]
+        pid = loader._resources.workers.pids()[0]
         if how == "SIGSTOP":
             os.kill(pid, signal.SIGSTOP)
         started = time.monotonic()

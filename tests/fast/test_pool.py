@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 from multiprocessing import forkserver
 
 import pytest
@@ -36,11 +37,40 @@ def test_forkserver_preloads_are_where_cpython_keeps_them(preloads_restored):
 def test_preloads_drop_the_main_script_only_where_cpython_put_it_and_no_worker_needs_it():
     """NOTE [light workers]: the default ["__main__"] would import the user's script, and torch
     with it, into the fork server."""
-    assert pool.preloads(["__main__"], main=False) == ["wdsmp.fast.worker"]
-    assert pool.preloads(["__main__"], main=True) == ["__main__", "wdsmp.fast.worker"]
-    assert pool.preloads(["__main__", "json"], main=False) == ["__main__", "json", "wdsmp.fast.worker"]
-    assert pool.preloads(["json", "wdsmp.fast.worker"], main=True) == ["json", "wdsmp.fast.worker"]
-    assert pool.preloads([], main=False) == ["wdsmp.fast.worker"]
+    ours = ["wdsmp.fast.numpy_one_thread", "wdsmp.fast.worker"]
+    assert pool.preloads(["__main__"], main=False) == ours
+    assert pool.preloads(["__main__"], main=True) == ["__main__", *ours]
+    assert pool.preloads(["__main__", "json"], main=False) == ["__main__", "json", *ours]
+    assert pool.preloads(["json", *ours], main=True) == ["json", *ours]
+    assert pool.preloads([], main=False) == ours
+
+
+def test_processes_started_by_one_thread_leave_the_main_script_out_and_the_others_do_not():
+    """``_main_hidden`` wraps what CPython's spawn and forkserver processes prepare themselves from
+    (``spawn.get_preparation_data``); a thread starting workers behind a first batch hides the
+    script from them alone (NOTE [main module])."""
+    from multiprocessing import popen_forkserver, popen_spawn_posix, spawn
+
+    assert "init_main_from_name" in spawn.get_preparation_data("x")  # pytest's own __main__
+    seen = {}
+    inside, leave = threading.Event(), threading.Event()
+
+    def starter():
+        with pool._main_hidden():
+            seen["hidden"] = spawn.get_preparation_data("x")
+            inside.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=starter)
+    thread.start()
+    inside.wait(10)
+    seen["other thread"] = spawn.get_preparation_data("x")
+    leave.set()
+    thread.join()
+    assert not {"init_main_from_name", "init_main_from_path"} & set(seen["hidden"])
+    assert "init_main_from_name" in seen["other thread"] and "init_main_from_name" in spawn.get_preparation_data("x")
+    for popen in (popen_forkserver, popen_spawn_posix):
+        assert popen.spawn is spawn, f"CPython's {popen.__name__} no longer prepares processes through spawn"
 
 
 def test_semaphore_prefix_is_where_cpython_reads_it():

@@ -47,6 +47,19 @@ def test_the_fork_servers_preload_does_not_import_torch():
     assert _python("-c", "import sys, wdsmp.fast.worker; print(sorted({'torch', 'PIL'} & set(sys.modules)))") == "[]"
 
 
+def test_the_fork_server_loads_numpy_on_one_thread_and_leaves_the_environment_as_it_was():
+    """NOTE [light workers]: OpenBLAS's thread per core, spinning as it loads, took CPU from the
+    first batch; the workers' environment stays the user's."""
+    code = textwrap.dedent("""
+        import os
+        os.environ["MKL_NUM_THREADS"] = "3"
+        before = dict(os.environ)
+        import wdsmp.fast.numpy_one_thread
+        print(len(os.listdir("/proc/self/task")), os.environ == before)
+    """)
+    assert _python("-c", code) == "1 True"
+
+
 _SCRIPT = textwrap.dedent("""
     import sys
     import torch  # as a training script does: the fork server must not import it through the script

@@ -263,6 +263,22 @@ class EpochIterator:
             self._fail(message.to_error())
 
     def _check_workers(self, waiting_for, started):
+        if self.workers.start_failure is not None:
+            failure = self.workers.start_failure
+            error = WorkerError(f"the loader workers failed to start during epoch {self.plan.epoch}, after its "
+                                f"first batch (made in this process): {type(failure).__name__}: {failure}; the "
+                                f"epoch cannot be completed")
+            error.__cause__ = failure
+            self._fail(error)
+        if self.workers.pool is not None:  # None while they start (NOTE [first batch here] in worker.py)
+            self._check_processes(waiting_for)
+        timeout = self.timeout
+        if timeout is not None and time.monotonic() - started > timeout:
+            stream = self._next_stream()
+            self._fail(TimeoutError(f"no batch from loader worker {waiting_for} for {timeout} s "
+                                    f"(epoch {self.plan.epoch}, batch {self.delivered[stream]} of its stream {stream})"))
+
+    def _check_processes(self, waiting_for):
         # A worker that ended its part of this epoch and died after is the next epoch's to report.
         if any(not self._worker_done(w) for w, _ in self.workers.pool.dead()):
             while True:  # a worker that failed has sent why before it exited
@@ -280,11 +296,6 @@ class EpochIterator:
                                    f"the epoch cannot be completed"))
         if self.stall_timeout is not None:
             self._check_progress(waiting_for)
-        timeout = self.timeout
-        if timeout is not None and time.monotonic() - started > timeout:
-            stream = self._next_stream()
-            self._fail(TimeoutError(f"no batch from loader worker {waiting_for} for {timeout} s "
-                                    f"(epoch {self.plan.epoch}, batch {self.delivered[stream]} of its stream {stream})"))
 
     def _check_progress(self, worker):
         """NOTE [stalled workers]: a WorkerError once ``worker`` has shown no sign of life for

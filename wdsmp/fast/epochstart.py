@@ -33,33 +33,40 @@ class EpochStart:
     now, to make that batch with ``threads`` threads; the others get theirs when it is announced
     (``note``) or ``FIRST_BATCH_HOLD`` seconds have passed (``tick``). ``make_first(worker,
     stream plan, threads)``, where given, may make that batch here instead (a
-    ``worker.FirstBatch``, or None), and then every task goes at once.
+    ``worker.FirstBatch``, or None), and then the epoch's next batch is the one its worker makes
+    with ``threads`` threads as the others wait.
     ``early``: this epoch's messages taken off the ready queue by the iterator of the epoch
     before (NOTE [next epoch ahead]), or the batch made here."""
 
     def __init__(self, workers, plan, streams, threads, make_first=None):
         self.workers, self.plan, self.streams = workers, plan, streams
         self.early = []
-        # The first batch comes from the stream with the fewest batches made (the lowest number first).
-        first = min(range(plan.num_streams), key=lambda s: (plan.streams[s].skip_batches, s), default=None)
-        self.first_worker = next((w for w, mine in enumerate(streams) if first in mine), None)
         plans = list(plan.streams)
-        # NOTE [first batch here] in worker.py: made by ``make_first``, nobody waits for it.
+        first = _first_stream(plans)
+        self.first_worker = self._owner(first)
+        # NOTE [first batch here] in worker.py: made by ``make_first``, nobody waits for it; the
+        # next batch is then the one made together.
         made = None if make_first is None or first is None else make_first(self.first_worker, plans[first], threads)
-        last_rows = None
+        self.made_here = made is not None
+        last_rows, made_by = None, None
         if made is not None:
-            self.early, plans[first], threads = list(made.messages), made.rest, 1
+            self.early, plans[first], made_by = list(made.messages), made.rest, self.first_worker
             if made.last_row is not None:
                 last_rows = {first: made.last_row}
+            self.first_worker = self._owner(_first_stream(plans))
         self.deferred = {}  # worker -> its EpochTask, not sent yet
         self.release_at = time.monotonic() + FIRST_BATCH_HOLD
         for w, mine in enumerate(streams):
             task = EpochTask(tuple(plans[s] for s in mine), threads if w == self.first_worker else 1,
-                             last_rows if w == self.first_worker else None)
+                             last_rows if w == made_by else None)
             if w == self.first_worker or threads == 1:
                 workers.tasks[w].put(task)
             else:
                 self.deferred[w] = task
+
+    def _owner(self, stream):
+        """The worker that runs ``stream`` (None for None)."""
+        return next((w for w, mine in enumerate(self.streams) if stream in mine), None)
 
     @property
     def epoch(self):
@@ -87,3 +94,9 @@ class EpochStart:
         if not self.workers.broken:
             for w, task in deferred.items():
                 self.workers.tasks[w].put(task)
+
+
+def _first_stream(plans):
+    """The stream whose batch comes next at an epoch's start: the one with the fewest batches made
+    (the lowest number first); None without streams."""
+    return min(range(len(plans)), key=lambda s: (plans[s].skip_batches, s), default=None)

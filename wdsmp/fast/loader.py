@@ -77,7 +77,7 @@ from .options import IMAGE_KEYS, DecodeOptions, LoaderOptions
 from .resources import LoaderResources
 from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
 from .stats import LoaderStats
-from .worker import IMAGES, KEYS, LABELS, WorkerConfig, make_first_batch
+from .worker import IMAGES, KEYS, LABELS, WorkerConfig, make_first_batch, may_make_first_batch
 
 __all__ = ["IMAGE_KEYS", "Batch", "FastLoader"]
 
@@ -193,10 +193,6 @@ class FastLoader:
         self.exact = exact
         layout, extra = _layout(options)
         mp_context = _pool.context(start_method)  # a bad start method fails here, not at the first batch
-        # The fork server imports the workers' modules from now on, as shards are counted and the
-        # ring is made (NOTE [light workers] in pool.py).
-        _pool.start_server(mp_context, main=_pool.refers_to_main((options.label, extra, options.stages,
-                                                                   options.handler)))
         # Unknown counts leave ranks unequal (a resampled epoch is a number of batches; one rank is alone).
         required = exact and not self.resampled and self.world_size > 1
         self.shards = known_counts(
@@ -213,6 +209,10 @@ class FastLoader:
             keys=options.keys, stages=options.stages, handler=options.handler, decode=options.decode,
             shuffle_buffer=options.shuffle_buffer, cache_dir=options.cache_dir,
             counts=tuple(count for _, count in self.shards))
+        if not may_make_first_batch(self._config, [url for url, _ in self.shards]):
+            # The fork server imports the workers' modules from now on (NOTE [light workers] in
+            # pool.py); else after the first batch, which it would slow (NOTE [first batch here]).
+            _pool.start_server(mp_context, main=_pool.refers_to_main(self._config))
         self._resources = LoaderResources(self._ring)
         self._finalizer = weakref.finalize(self, self._resources.close)
         self._slots = SlotTensors(self._ring, copy=self.copy, channels_first=self.channels_first)
@@ -282,11 +282,11 @@ class FastLoader:
             workers = self._resources.new_workers(self._config, self.num_workers, self.prefetch,
                                                     self._options.start_method)
         self._stats.start()
-        # A fresh generation's first batch is made here before its processes start, as the fork
-        # server, started at construction, gets ready (NOTE [first batch here] in worker.py).
+        # A fresh generation's first batch is made here, its processes start behind it (NOTE [first
+        # batch here] in worker.py).
         try:
             start = ahead or self._start_epoch(workers, plan, here=fresh)
-            workers.start()
+            workers.start(background=start.made_here and workers.ctx.get_start_method() != "fork")
             iterator = EpochIterator(start, resources=self._resources, slots=self._slots, stats=self._stats,
                                      timeout=self.timeout, stall_timeout=self._options.stall_timeout,
                                      ahead=weakref.WeakMethod(self._next_epoch_ahead))

@@ -16,8 +16,9 @@ NOTE [light workers]
     (its preload list is ``["__main__"]``), and a training script imports
     torch; so while the list is that default, and the loader's workers need
     nothing from the script (``refers_to_main``), ``start_server`` replaces it
-    with the worker module alone. Preloads a user set are kept (the worker
-    module is added). Workers that refer to the script import it themselves as
+    with the worker module alone (after ``numpy_one_thread``, which loads
+    numpy without a BLAS thread per core). Preloads a user set are kept (the
+    worker's modules are added). Workers that refer to the script import it themselves as
     they start, as under spawn, and so does any other user of the same fork
     server (a DataLoader with the forkserver context) once a loader started it.
 
@@ -56,26 +57,38 @@ NOTE [semaphore names]
 
 NOTE [CPython internals]
     multiprocessing offers no public way to read the fork server's preload
-    list or to choose semaphore names, so two functions reach into CPython's
-    private state, and nothing else in wdsmp does: ``_forkserver_preloads`` reads
-    ``forkserver._forkserver._preload_modules`` (the list
-    ``set_forkserver_preload`` replaces), so that wdsmp adds its worker module
-    to the user's preloads instead of dropping them (NOTE [light workers]); ``_process_config``
-    returns ``current_process()._config``, whose ``"semprefix"``
-    ``synchronize.SemLock`` puts before every semaphore name. If CPython
-    renames the first, the user's own preloads are lost (wdsmp still works);
-    if it renames the second, ``named_semaphores`` fails, or names nothing if
-    the key changes, and semaphores leaked by a killed job are no longer
-    swept. ``starting_a_worker`` reads ``current_process()._inheriting``, true
-    while a spawned child imports the parent's main script (NOTE [main module]);
-    if it goes, a script without a main guard that builds a loader recurses
-    into workers again instead of getting an error that says what to do.
-    tests/fast/test_pool.py checks all three against the running Python.
+    list, to choose semaphore names, to start a process without the main
+    script or to tell a child importing that script, so four functions reach
+    into CPython's private parts, and nothing else in wdsmp does:
+    - ``_forkserver_preloads`` reads ``forkserver._forkserver._preload_modules``
+      (the list ``set_forkserver_preload`` replaces), so that wdsmp adds its
+      worker module to the user's preloads instead of dropping them (NOTE
+      [light workers]). If CPython renames it, the user's own preloads are
+      lost (wdsmp still works).
+    - ``_process_config`` returns ``current_process()._config``, whose
+      ``"semprefix"`` ``synchronize.SemLock`` puts before every semaphore
+      name. If CPython renames it, ``named_semaphores`` fails, or names
+      nothing if the key changes, and semaphores leaked by a killed job are
+      no longer swept.
+    - ``_main_hidden`` wraps ``multiprocessing.spawn.get_preparation_data``
+      (what spawn and forkserver processes prepare themselves from) so that
+      the processes one thread starts leave out its ``init_main_from_*``
+      entries, while every other thread (the training loop, as workers start
+      behind a first batch: NOTE [first batch here] in ``worker.py``) sees
+      ``__main__`` as it is. If CPython stops calling it, workers import the
+      script again, as DataLoader's spawned workers do.
+    - ``starting_a_worker`` reads ``current_process()._inheriting``, true
+      while a spawned child imports the parent's main script (NOTE [main
+      module]). If it goes, a script without a main guard that builds a
+      loader recurses into workers again instead of getting an error that
+      says what to do.
+    tests/fast/test_pool.py checks all four against the running Python.
 """
 
 import contextlib
 import errno
 import fcntl
+import functools
 import multiprocessing
 import multiprocessing.util
 import os
@@ -84,15 +97,14 @@ import pickletools
 import re
 import secrets
 import signal
-import sys
+import threading
 import time
-import types
 
 __all__ = ["START_METHODS", "WorkerPool", "context", "describe_exit", "named_semaphores", "no_room_for_semaphores",
            "preloads", "refers_to_main", "start_server", "starting_a_worker", "sweep_semaphores"]
 
 START_METHODS = ("forkserver", "spawn", "fork")
-_PRELOAD = "wdsmp.fast.worker"
+_PRELOADS = ("wdsmp.fast.numpy_one_thread", "wdsmp.fast.worker")  # the fork server's own, in order
 _DEFAULT_PRELOADS = ["__main__"]  # CPython's, until someone sets others
 SEM_PREFIX = "wdsmp-sem-"
 _SEM_DIR = "/dev/shm"
@@ -118,7 +130,7 @@ def preloads(current, main):
     given the ``current`` list (NOTE [light workers])."""
     if current == _DEFAULT_PRELOADS and not main:
         current = []
-    return current if _PRELOAD in current else current + [_PRELOAD]
+    return current + [module for module in _PRELOADS if module not in current]
 
 
 def _forkserver_preloads():
@@ -290,16 +302,38 @@ def refers_to_main(obj):
                for _, arg, _ in pickletools.genops(data))
 
 
+_hiding = threading.local()  # .main: processes this thread starts leave the main script out
+
+
 @contextlib.contextmanager
 def _main_hidden():
-    """``__main__`` replaced by an empty module while processes start, so they do not import the
-    user's script (NOTE [main module])."""
-    main = sys.modules["__main__"]
-    sys.modules["__main__"] = types.ModuleType("__main__")
+    """Processes this thread starts inside do not import the user's script (NOTE [main module]);
+    other threads' processes do as before (NOTE [CPython internals])."""
+    from multiprocessing import spawn
+
+    if not getattr(spawn.get_preparation_data, "_wdsmp_hides_main", False):
+        spawn.get_preparation_data = _without_main(spawn.get_preparation_data)
+    _hiding.main = True
     try:
         yield
     finally:
-        sys.modules["__main__"] = main
+        _hiding.main = False
+
+
+def _without_main(preparation_data):
+    """CPython's ``spawn.get_preparation_data`` (what a new process prepares itself from), less
+    the main script where the calling thread hides it."""
+
+    @functools.wraps(preparation_data)
+    def prepared(name):
+        data = preparation_data(name)
+        if getattr(_hiding, "main", False):
+            data.pop("init_main_from_name", None)
+            data.pop("init_main_from_path", None)
+        return data
+
+    prepared._wdsmp_hides_main = True
+    return prepared
 
 
 class WorkerPool:

@@ -4,6 +4,7 @@ NOTE [loader protocol] in ``loader.py``). Kept apart from the loader object, so 
 loader's finalizer holds no reference cycle."""
 
 import errno
+import threading
 from queue import Empty
 
 from . import pool as _pool
@@ -35,14 +36,42 @@ class Workers:
                 queue.put(slot)
         self.broken = False
         self.ahead = None  # the EpochStart of the epoch these workers went on with (NOTE [next epoch ahead])
-        self.pool = None
+        self.pool = None  # the WorkerPool, once started
+        self.start_failure = None  # what ended a start in the background
+        self._starter = None  # the thread of that start
 
-    def start(self):
-        """Start the worker processes (once)."""
-        if self.pool is None:
-            self.pool = _pool.WorkerPool(worker_main, [(w, self.config, self.tasks[w], self.free[w], self.ready,
-                                                        self.stop_event) for w in range(len(self.tasks))],
-                                         self.ctx, main=_pool.refers_to_main(self.config))
+    def start(self, background=False):
+        """Start the worker processes (once), and the fork server first where it is not running;
+        ``background``: in a thread, returning at once (NOTE [first batch here] in ``worker.py``):
+        ``pool`` is None until they started, ``start_failure`` what went wrong, if anything."""
+        if self.pool is not None or self._starter is not None:
+            return
+        if not background:
+            self._start()
+            return
+        self._starter = threading.Thread(target=self._start_in_background, name="wdsmp-start-workers", daemon=True)
+        self._starter.start()
+
+    def _start(self):
+        main = _pool.refers_to_main(self.config)
+        _pool.start_server(self.ctx, main)
+        self.pool = _pool.WorkerPool(worker_main, [(w, self.config, self.tasks[w], self.free[w], self.ready,
+                                                    self.stop_event) for w in range(len(self.tasks))],
+                                     self.ctx, main=main)
+
+    def _start_in_background(self):
+        try:
+            self._start()
+        except BaseException as exn:
+            self.start_failure = exn
+
+    def pids(self):
+        """The workers' process ids, once started (waiting for a start in the background)."""
+        if self._starter is not None:
+            self._starter.join()
+        if self.start_failure is not None:
+            raise self.start_failure
+        return self.pool.pids()
 
     def shutdown(self, timeout=5.0):
         """NOTE [shutdown order], the workers' part. Idempotent; done even when interrupted."""
@@ -53,6 +82,8 @@ class Workers:
             self.stop_event.set()
             for queue in self.tasks:
                 queue.put(Stop())
+            if self._starter is not None:
+                self._starter.join()  # what it starts sees the stop event and exits
             if self.pool is not None:
                 self.pool.stop(timeout)
         finally:

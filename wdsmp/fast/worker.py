@@ -40,18 +40,28 @@ NOTE [first batch together]
 
 NOTE [first batch here]
     A fresh generation of workers waits for the fork server to start (an
-    interpreter and the worker's modules, about 0.2 s on 2 cores), for its
-    forks and the ring's attachment, while the loader's process waits with
-    the decoder at hand. So when a fresh generation starts an epoch (the
-    first ``iter()``, or after a failure), the loader makes the epoch's first
-    batch itself (:func:`make_first_batch`), with the threads the first
-    batch's worker would use, as the fork server starts; then it starts the
-    workers and hands the batch out as that worker's. The worker goes on with
-    the stream as a resumed one: it reads the stream from its start, drops
-    the items the batch took (epochplan.py's replay), and pads, if it must,
-    with the batch's last row, sent with its task (NOTE [full batches]). The
-    epoch is the one the workers alone make, sample for sample and pixel for
-    pixel.
+    interpreter, numpy and the worker's modules: about 0.2 s and 0.25 s of
+    CPU on 2 cores), for its forks and the ring's attachment, while the
+    loader's process waits with the decoder at hand. So when a fresh
+    generation starts an epoch (the first ``iter()``, or after a failure),
+    the loader makes the epoch's first batch itself
+    (:func:`make_first_batch`), with the threads the first batch's worker
+    would use, and hands it out as that worker's. Nothing else runs
+    meanwhile: a loader that will make its first batch so
+    (:func:`may_make_first_batch`) leaves the fork server unstarted at
+    construction, as its start would take the cores the batch needs. The
+    workers then start behind the batch, in a thread (``Workers.start``),
+    fork server first, as ``iter()`` returns and the training loop takes the
+    batch (under ``start_method="fork"`` from the loop's own thread, before
+    ``iter()`` returns: a fork from another thread would copy locks the loop
+    holds); the epoch's next batch is the one made together (NOTE [first
+    batch together]). The worker goes on with the stream as a resumed one:
+    it reads the stream from its start, drops the items the batch took
+    (epochplan.py's replay), and pads, if it must, with the batch's last row,
+    sent with its task (NOTE [full batches]). The epoch is the one the
+    workers alone make, sample for sample and pixel for pixel. A start that
+    fails in that thread ends the epoch at the next batch with a
+    ``WorkerError`` that says why, as a worker dying would.
 
     Only where reading the stream twice changes nothing but time: local
     shards (a path or ``file:``); no stages, label or field functions (the
@@ -112,7 +122,8 @@ from .ring import Ring
 from .stats import WorkerClock
 from .values import fitted, integer_from_text, numbers_from_text
 
-__all__ = ["FIRST_BATCH_BUFFER", "DecodeOptions", "FirstBatch", "WorkerConfig", "make_first_batch", "worker_main"]
+__all__ = ["FIRST_BATCH_BUFFER", "DecodeOptions", "FirstBatch", "WorkerConfig", "make_first_batch",
+           "may_make_first_batch", "worker_main"]
 
 IMAGES, LABELS, KEYS = "images", "labels", "__key__"
 # A first batch is made here only with a shuffle buffer of at most this many samples, or a batch
@@ -202,14 +213,20 @@ class _SlotsTaken:
         self.queue.put(slot)
 
 
+def may_make_first_batch(config, urls):
+    """Whether the loader's process may make a first batch of ``urls`` read with ``config``, as far
+    as these tell (NOTE [first batch here]; the stream must be at its start too)."""
+    return (all(local_path(url) is not None for url in urls) and not config.stages
+            and not config.rows_call_user_code
+            and config.shuffle_buffer <= max(config.layout.batch_size, FIRST_BATCH_BUFFER))
+
+
 def make_first_batch(worker, config, plan, ring, free, stop, threads):
     """Make the first batch of ``plan``'s stream here, for ``worker``, into a slot from its
     ``free`` queue of ``ring`` with ``threads`` threads (NOTE [first batch here]); a
     ``FirstBatch``, or None (the slot given back) where the worker must make it."""
-    local = all(local_path(url) is not None for url in _stream_urls(plan))
-    if (not local or config.stages or config.rows_call_user_code or plan.skip_batches or plan.discard
-            or plan.consumed is not None or plan.num_batches == 0
-            or config.shuffle_buffer > max(plan.batch_size, FIRST_BATCH_BUFFER)):
+    if (not may_make_first_batch(config, _stream_urls(plan)) or plan.skip_batches or plan.discard
+            or plan.consumed is not None or plan.num_batches == 0):
         return None
     outbox, slots = _Outbox(), _SlotsTaken(free)
     stream = _Stream(worker, replace(config, handler=_decline), plan, ring, slots, outbox, stop, _Where(),
