@@ -158,6 +158,40 @@ def test_same_keys_in_different_shards_are_different_samples(tmp_path):
     assert list(cache) == first  # served from the file: all 8, not one per key
 
 
+def _keyed_by_key_alone(path, samples, exhausted=False):
+    """A cache file as an older wdsmp left it: samples keyed by ``__key__`` alone, no key scheme."""
+    codec = wdsmp.samplecodec.SampleCodec("test")
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE samples (id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, data BLOB NOT NULL)")
+    db.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    for sample in samples:
+        db.execute("INSERT INTO samples (key, data) VALUES (?, ?)", (sample["__key__"], codec.dumps(sample)))
+    if exhausted:
+        db.execute("INSERT INTO meta VALUES ('exhausted', ?)", (str(len(samples)),))
+    db.commit()
+    db.close()
+
+
+def test_an_unfinished_file_keyed_the_old_way_is_filled_again_and_a_finished_one_served(tmp_path):
+    """Refilling a file keyed by ``__key__`` alone would store its samples a second time under
+    their new keys (shard and key), and serve them twice."""
+    for number in range(2):
+        with wdsmp.TarWriter(str(tmp_path / f"shard-{number}.tar")) as writer:
+            for i in range(4):
+                writer.write({"__key__": f"{i:06d}", "txt": f"shard {number} sample {i}"})
+    pipeline = DataPipeline(SimpleShardList(str(tmp_path / "shard-{0..1}.tar")), tarfile_to_samples())
+    expected = list(pipeline)
+    _keyed_by_key_alone(tmp_path / "old.db", expected[:3])
+    with pytest.warns(RuntimeWarning, match="3 samples were stored by an older wdsmp .* filled again"):
+        cache = DBCache(pipeline, tmp_path / "old.db", 8, verbose=False)
+    assert list(cache) == expected
+    assert list(cache) == expected  # served from the file: each sample once
+    _keyed_by_key_alone(tmp_path / "done.db", expected[:3], exhausted=True)
+    assert list(DBCache(pipeline, tmp_path / "done.db", 8, verbose=False)) == expected[:3]
+    with sqlite3.connect(tmp_path / "old.db") as db:
+        assert db.execute("SELECT count(*) FROM samples").fetchone() == (8,)
+
+
 def test_a_file_that_is_no_database_is_named_in_the_error(tmp_path):
     garbage = tmp_path / "garbage.db"
     garbage.write_bytes(b"not a database" * 100)

@@ -16,7 +16,8 @@ Samples are stored under the value of their ``key`` field (``__key__``), with
 the shard they came from (``__url__``) when they have one, as shards written
 apart often reuse keys; or under a hash of their stored bytes when they have no
 key (tuples, decoded samples without keys): a sample already stored is not
-stored twice. They are stored
+stored twice. (A file an older wdsmp began to fill under keys alone is filled
+again from the start, with a warning; a complete one is served as it is.) They are stored
 in a format whose reading runs no code (:mod:`wdsmp.samplecodec`: what samples
 are made of, bytes, numbers, text, containers, arrays, tensors, images); a
 sample holding other objects is pickled, as webdataset's DBCache pickles every
@@ -39,6 +40,7 @@ import hashlib
 import os
 import sqlite3
 import sys
+import warnings
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -58,6 +60,8 @@ _COUNT = "SELECT coalesce(max(id), 0) FROM samples"
 _INSERT = ("INSERT OR IGNORE INTO samples (key, data) SELECT ?, ? "
            "WHERE (SELECT coalesce(max(id), 0) FROM samples) < ?")
 _EXHAUSTED = "exhausted"
+# The meta entry naming how samples are keyed; files without it were keyed by __key__ alone.
+_KEYS, _KEYS_WITH_SHARD = "keys", "key within shard"
 
 
 class DBCache(IterableDataset):
@@ -105,11 +109,34 @@ class DBCache(IterableDataset):
                 db.execute("PRAGMA synchronous=NORMAL")  # WAL stays consistent; a crash loses the last inserts
                 for statement in _SCHEMA:
                     db.execute(statement)
+                self._check_keys(db)
             except sqlite3.Error as exn:
                 db.close()
                 raise type(exn)(f"DBCache {self.fname!r}: {exn}") from exn
             self._db, self._pid = db, os.getpid()
         return self._db
+
+    def _check_keys(self, db):
+        """Mark a new file's key scheme; empty an unfinished one keyed by ``__key__`` alone (by an
+        older wdsmp), whose refilling would store the samples it holds again under new keys."""
+        marked = "SELECT 1 FROM meta WHERE name = ?"
+        if db.execute(marked, (_KEYS,)).fetchone() is not None:
+            return
+        db.execute("BEGIN IMMEDIATE")  # one process at a time looks again and acts
+        try:
+            if db.execute(marked, (_KEYS,)).fetchone() is None:
+                total = self._count(db)
+                if total and not self._complete(db, total):
+                    warnings.warn(f"DBCache {self.fname!r}: its {total} samples were stored by an older "
+                                  f"wdsmp under their keys alone, on which shards that reuse keys collide; "
+                                  f"it is filled again from the start", RuntimeWarning, stacklevel=4)
+                    db.execute("DELETE FROM samples")
+                    db.execute("DELETE FROM meta")
+                db.execute("INSERT INTO meta (name, value) VALUES (?, ?)", (_KEYS, _KEYS_WITH_SHARD))
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     @staticmethod
     def _count(db):
