@@ -1102,8 +1102,8 @@ def test_workers_failing_to_start_behind_a_first_batch_made_here_end_the_epoch_w
         first = next(batches).keys
         state = loader.state_dict()
         generation = loader._resources.workers
-        with pytest.raises(WorkerError, match="failed to start during epoch 0, after its first batch .*"
-                                              "Resource temporarily unavailable") as caught:
+        with pytest.raises(WorkerError, match="failed to start, after a first batch made in this process: .*"
+                                              "Resource temporarily unavailable; epoch 0 cannot") as caught:
             next(batches)
         assert isinstance(caught.value.__cause__, OSError)
         assert generation.broken and failures == ["wdsmp-start-workers"] and made[0] is not None

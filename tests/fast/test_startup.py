@@ -91,3 +91,55 @@ def test_workers_of_a_script_that_imports_torch_do_not_import_torch(tmp_path):
     (tmp_path / "probe.py").write_text(_PROBE)
     (tmp_path / "train.py").write_text(_SCRIPT)
     assert _python(str(tmp_path / "train.py"), *urls) == "[0]"  # probe.py is beside it, on sys.path
+
+
+_WHEN_THE_SERVER_STARTS = textwrap.dedent("""
+    import json, sys
+    from multiprocessing import forkserver
+    import wdsmp
+
+    def running():
+        return forkserver._forkserver._forkserver_pid is not None
+
+    def label(sample):
+        return 1
+
+    if __name__ == "__main__":
+        urls, what = sys.argv[1:-1], sys.argv[-1]
+        settings = dict(num_workers=2, image_size=16, keys=True)
+        if what == "state":
+            with wdsmp.FastLoader(urls, 2, **settings) as loader:
+                batches = iter(loader)
+                next(batches)
+                print(json.dumps(loader.state_dict()))
+        elif what == "resumed":
+            state = json.loads(sys.stdin.read())
+            with wdsmp.FastLoader(urls, 2, **settings) as loader:
+                built = running()
+                loader.load_state_dict(state)
+                print(built, running(), len(list(loader)))
+        else:  # a label function of the script's own: workers import the script, so does the server
+            with wdsmp.FastLoader(urls, 2, label=label, **settings) as loader:
+                print(running())
+""")
+
+
+def test_the_fork_server_starts_at_once_where_the_workers_make_the_first_batch(tmp_path):
+    """NOTE [first batch here]: a loader whose first batch its own process makes starts the fork
+    server after it; one resumed mid-epoch (its first batch is the workers'), or whose workers
+    import the script (a slow server start), starts it as soon as it knows."""
+    urls = []
+    for s in range(2):
+        urls.append(str(tmp_path / f"part-{s}.tar"))
+        with wdsmp.TarWriter(urls[-1]) as sink:
+            for i in range(4):
+                pixels = np.full((20, 24, 3), 40 * i, np.uint8)
+                sink.write({"__key__": f"{s}-{i}", "jpg": simplejpeg.encode_jpeg(pixels, 90), "cls": b"1"})
+    script = tmp_path / "train.py"
+    script.write_text(_WHEN_THE_SERVER_STARTS)
+    state = _python(str(script), *urls, "state")
+    result = subprocess.run([sys.executable, str(script), *urls, "resumed"], input=state, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["False", "True", "3"]  # 4 batches an epoch, one seen before
+    assert _python(str(script), *urls, "label") == "True"

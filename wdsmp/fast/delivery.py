@@ -265,9 +265,8 @@ class EpochIterator:
     def _check_workers(self, waiting_for, started):
         if self.workers.start_failure is not None:
             failure = self.workers.start_failure
-            error = WorkerError(f"the loader workers failed to start during epoch {self.plan.epoch}, after its "
-                                f"first batch (made in this process): {type(failure).__name__}: {failure}; the "
-                                f"epoch cannot be completed")
+            error = WorkerError(f"the loader workers failed to start, after a first batch made in this process: "
+                                f"{type(failure).__name__}: {failure}; epoch {self.plan.epoch} cannot be completed")
             error.__cause__ = failure
             self._fail(error)
         if self.workers.pool is not None:  # None while they start (NOTE [first batch here] in worker.py)

@@ -34,7 +34,8 @@ class EpochStart:
     (``note``) or ``FIRST_BATCH_HOLD`` seconds have passed (``tick``). ``make_first(worker,
     stream plan, threads)``, where given, may make that batch here instead (a
     ``worker.FirstBatch``, or None), and then the epoch's next batch is the one its worker makes
-    with ``threads`` threads as the others wait.
+    with ``threads`` threads, the other tasks sent at once (a loop's first step may be long, and
+    only the loop's next request would release them).
     ``early``: this epoch's messages taken off the ready queue by the iterator of the epoch
     before (NOTE [next epoch ahead]), or the batch made here."""
 
@@ -45,7 +46,7 @@ class EpochStart:
         first = _first_stream(plans)
         self.first_worker = self._owner(first)
         # NOTE [first batch here] in worker.py: made by ``make_first``, nobody waits for it; the
-        # next batch is then the one made together.
+        # next batch's worker then makes it with the threads, and nobody waits for that either.
         made = None if make_first is None or first is None else make_first(self.first_worker, plans[first], threads)
         self.made_here = made is not None
         last_rows, made_by = None, None
@@ -59,7 +60,7 @@ class EpochStart:
         for w, mine in enumerate(streams):
             task = EpochTask(tuple(plans[s] for s in mine), threads if w == self.first_worker else 1,
                              last_rows if w == made_by else None)
-            if w == self.first_worker or threads == 1:
+            if w == self.first_worker or threads == 1 or self.made_here:
                 workers.tasks[w].put(task)
             else:
                 self.deferred[w] = task

@@ -209,10 +209,13 @@ class FastLoader:
             keys=options.keys, stages=options.stages, handler=options.handler, decode=options.decode,
             shuffle_buffer=options.shuffle_buffer, cache_dir=options.cache_dir,
             counts=tuple(count for _, count in self.shards))
-        if not may_make_first_batch(self._config, [url for url, _ in self.shards]):
-            # The fork server imports the workers' modules from now on (NOTE [light workers] in
-            # pool.py); else after the first batch, which it would slow (NOTE [first batch here]).
-            _pool.start_server(mp_context, main=_pool.refers_to_main(self._config))
+        self._mp_context = mp_context
+        main = _pool.refers_to_main(self._config)
+        if main or not may_make_first_batch(self._config, [url for url, _ in self.shards]):
+            # The fork server imports the workers' modules (or the script, NOTE [light workers] in
+            # pool.py) from now on; else after the first batch, which it would slow (NOTE [first
+            # batch here] in worker.py).
+            _pool.start_server(mp_context, main)
         self._resources = LoaderResources(self._ring)
         self._finalizer = weakref.finalize(self, self._resources.close)
         self._slots = SlotTensors(self._ring, copy=self.copy, channels_first=self.channels_first)
@@ -357,6 +360,8 @@ class FastLoader:
         self.plan(position)  # fails now if the position does not fit
         self._resume = position
         self.epoch = position.epoch
+        if position.batches_done:  # its first batch is the workers' to make: their server starts now
+            _pool.start_server(self._mp_context, _pool.refers_to_main(self._config))
 
     # -- throughput ----------------------------------------------------------------------
 

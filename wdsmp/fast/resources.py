@@ -55,6 +55,8 @@ class Workers:
     def _start(self):
         main = _pool.refers_to_main(self.config)
         _pool.start_server(self.ctx, main)
+        if self.stop_event.is_set():  # shut down meanwhile: nobody would stop them
+            return
         self.pool = _pool.WorkerPool(worker_main, [(w, self.config, self.tasks[w], self.free[w], self.ready,
                                                     self.stop_event) for w in range(len(self.tasks))],
                                      self.ctx, main=main)
@@ -65,12 +67,15 @@ class Workers:
         except BaseException as exn:
             self.start_failure = exn
 
-    def pids(self):
-        """The workers' process ids, once started (waiting for a start in the background)."""
+    def pids(self, timeout=60.0):
+        """The workers' process ids, once started (waiting up to ``timeout`` seconds for a start in
+        the background)."""
         if self._starter is not None:
-            self._starter.join()
+            self._starter.join(timeout)
         if self.start_failure is not None:
             raise self.start_failure
+        if self.pool is None:
+            raise TimeoutError(f"the loader workers did not start in {timeout} s")
         return self.pool.pids()
 
     def shutdown(self, timeout=5.0):
@@ -82,8 +87,10 @@ class Workers:
             self.stop_event.set()
             for queue in self.tasks:
                 queue.put(Stop())
-            if self._starter is not None:
-                self._starter.join()  # what it starts sees the stop event and exits
+            if self._starter is not None and self._starter is not threading.current_thread():
+                # (a collection in that thread may finalize the loader.) What it starts after the
+                # stop event exits at once; a start that hangs leaves processes that exit with us.
+                self._starter.join(timeout)
             if self.pool is not None:
                 self.pool.stop(timeout)
         finally:

@@ -77,7 +77,8 @@ class CudaLoader:
     they stay uint8 unless ``dtype`` is given. Images come out NCHW; ``channels_last=True``
     (default) keeps the NHWC bytes underneath (``torch.channels_last``), which is what
     convolutions on tensor cores want and costs no copy; ``False`` makes them contiguous
-    NCHW. ``depth``: batches copied ahead. Batches are ``Batch`` tuples, as on the CPU.
+    NCHW. ``depth``: batches copied ahead (an epoch's first batch goes out without waiting for
+    the next). Batches are ``Batch`` tuples, as on the CPU.
     """
 
     def __init__(self, loader, device=None, *, mean=None, std=None, dtype=None, channels_last=True, depth=2):
@@ -119,10 +120,13 @@ class CudaLoader:
         side = torch.cuda.Stream(self.device)
         staging = [None] * self.depth if not pinned else None
         inflight, unreleased = collections.deque(), collections.deque()
-        issued = 0
+        issued, ahead = 0, 1  # batches in flight before one is handed out: one, for the epoch's first
         try:
             while True:
-                while len(inflight) < self.depth:
+                # The epoch's first batch goes out as soon as it is copied: waiting for the next
+                # one too would add a batch interval to the start (NOTE [first batch here] in
+                # worker.py); the later ones have the next ones' copies under way.
+                while len(inflight) < ahead:
                     start = perf_counter_ns()
                     self._release(epoch, unreleased)
                     stats.add_transfer(perf_counter_ns() - start)
@@ -150,6 +154,7 @@ class CudaLoader:
                 batch = self._finish(batch)
                 stats.add_transfer(perf_counter_ns() - start)
                 stats.handed()
+                ahead = self.depth
                 yield batch
                 stats.returned()
         finally:
