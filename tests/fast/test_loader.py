@@ -1061,11 +1061,11 @@ def test_an_iter_whose_workers_fail_to_start_is_run_again_by_the_next(shards, mo
         expected, _ = _epoch(loader)
     real_start, failures = Workers.start, []
 
-    def failing_once(self, background=False):  # at the call, also where the rest would go to a thread
+    def failing_once(self, background=False, then=None):  # at the call, also where the rest would go to a thread
         if not failures:
             failures.append(self)
             raise OSError(11, "Resource temporarily unavailable")
-        real_start(self, background)
+        real_start(self, background, then)
 
     monkeypatch.setattr(Workers, "start", failing_once)
     with _loader(index, keys=True, seed=3, image_size=160) as loader:

@@ -18,11 +18,12 @@ NOTE [next epoch ahead]
     tasks held back as at any epoch's start.
 """
 
+import threading
 import time
 
 from .messages import BatchReady, EpochTask, WorkerDone, WorkerFailed
 
-__all__ = ["FIRST_BATCH_HOLD", "EpochStart"]
+__all__ = ["FIRST_BATCH_HOLD", "EpochStart", "release_after"]
 
 FIRST_BATCH_HOLD = 1.0  # seconds the other workers wait for an epoch's first batch (NOTE [first batch together])
 
@@ -34,8 +35,9 @@ class EpochStart:
     (``note``) or ``FIRST_BATCH_HOLD`` seconds have passed (``tick``). ``make_first(worker,
     stream plan, threads)``, where given, may make that batch here instead (a
     ``worker.FirstBatch``, or None), and then the epoch's next batch is the one its worker makes
-    with ``threads`` threads, the other tasks sent at once (a loop's first step may be long, and
-    only the loop's next request would release them).
+    with ``threads`` threads as the others wait; ``release_after`` then bounds their wait by
+    the time this batch took (``made_in``), as only the loop's next request would end it, and a
+    loop's first step may be long. ``release`` is safe from any thread.
     ``early``: this epoch's messages taken off the ready queue by the iterator of the epoch
     before (NOTE [next epoch ahead]), or the batch made here."""
 
@@ -46,9 +48,10 @@ class EpochStart:
         first = _first_stream(plans)
         self.first_worker = self._owner(first)
         # NOTE [first batch here] in worker.py: made by ``make_first``, nobody waits for it; the
-        # next batch's worker then makes it with the threads, and nobody waits for that either.
+        # next batch is then the one made together.
+        began = time.monotonic()
         made = None if make_first is None or first is None else make_first(self.first_worker, plans[first], threads)
-        self.made_here = made is not None
+        self.made_here, self.made_in = made is not None, time.monotonic() - began
         last_rows, made_by = None, None
         if made is not None:
             self.early, plans[first], made_by = list(made.messages), made.rest, self.first_worker
@@ -56,11 +59,12 @@ class EpochStart:
                 last_rows = {first: made.last_row}
             self.first_worker = self._owner(_first_stream(plans))
         self.deferred = {}  # worker -> its EpochTask, not sent yet
+        self._releasing = threading.Lock()
         self.release_at = time.monotonic() + FIRST_BATCH_HOLD
         for w, mine in enumerate(streams):
             task = EpochTask(tuple(plans[s] for s in mine), threads if w == self.first_worker else 1,
                              last_rows if w == made_by else None)
-            if w == self.first_worker or threads == 1 or self.made_here:
+            if w == self.first_worker or threads == 1:
                 workers.tasks[w].put(task)
             else:
                 self.deferred[w] = task
@@ -91,10 +95,19 @@ class EpochStart:
 
     def release(self):
         """Send the tasks held back for the first batch (NOTE [first batch together])."""
-        deferred, self.deferred = self.deferred, {}
+        with self._releasing:
+            deferred, self.deferred = self.deferred, {}
         if not self.workers.broken:
             for w, task in deferred.items():
                 self.workers.tasks[w].put(task)
+
+
+def release_after(start, stop):
+    """Send the tasks ``start`` held back once the batch made here would have been made again
+    (``start.made_in`` seconds), unless ``stop`` (an Event) is set first: called as the workers
+    have started (NOTE [first batch here] in worker.py)."""
+    if not stop.wait(start.made_in):
+        start.release()
 
 
 def _first_stream(plans):

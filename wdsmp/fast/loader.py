@@ -59,6 +59,7 @@ NOTE [shutdown order]
     FastLoader unlinks rings whose owner died without closing.
 """
 
+import functools
 import os
 import warnings
 import weakref
@@ -71,7 +72,7 @@ from . import pool as _pool
 from .batches import Batch, SlotTensors
 from .bottleneck import shard_source
 from .delivery import EpochIterator
-from .epochstart import EpochStart
+from .epochstart import EpochStart, release_after
 from .layout import BatchLayout, FieldSpec
 from .options import IMAGE_KEYS, DecodeOptions, LoaderOptions
 from .resources import LoaderResources
@@ -289,7 +290,12 @@ class FastLoader:
         # batch here] in worker.py).
         try:
             start = ahead or self._start_epoch(workers, plan, here=fresh)
-            workers.start(background=start.made_here and workers.ctx.get_start_method() != "fork")
+            if start.made_here and workers.ctx.get_start_method() != "fork":
+                workers.start(background=True, then=functools.partial(release_after, start, workers.stop_event))
+            else:
+                workers.start()
+                if start.made_here:  # forked now: nobody but the loop's next request would release them
+                    start.release()
             iterator = EpochIterator(start, resources=self._resources, slots=self._slots, stats=self._stats,
                                      timeout=self.timeout, stall_timeout=self._options.stall_timeout,
                                      ahead=weakref.WeakMethod(self._next_epoch_ahead))

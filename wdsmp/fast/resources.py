@@ -40,16 +40,18 @@ class Workers:
         self.start_failure = None  # what ended a start in the background
         self._starter = None  # the thread of that start
 
-    def start(self, background=False):
+    def start(self, background=False, then=None):
         """Start the worker processes (once), and the fork server first where it is not running;
-        ``background``: in a thread, returning at once (NOTE [first batch here] in ``worker.py``):
-        ``pool`` is None until they started, ``start_failure`` what went wrong, if anything."""
+        ``background``: in a thread, returning at once, which then calls ``then()`` (NOTE [first
+        batch here] in ``worker.py``): ``pool`` is None until they started, ``start_failure``
+        what went wrong, if anything."""
         if self.pool is not None or self._starter is not None:
             return
         if not background:
             self._start()
             return
-        self._starter = threading.Thread(target=self._start_in_background, name="wdsmp-start-workers", daemon=True)
+        self._starter = threading.Thread(target=self._start_in_background, args=(then,), name="wdsmp-start-workers",
+                                         daemon=True)
         self._starter.start()
 
     def _start(self):
@@ -61,11 +63,14 @@ class Workers:
                                                     self.stop_event) for w in range(len(self.tasks))],
                                      self.ctx, main=main)
 
-    def _start_in_background(self):
+    def _start_in_background(self, then):
         try:
             self._start()
         except BaseException as exn:
             self.start_failure = exn
+            return
+        if then is not None:
+            then()
 
     def pids(self, timeout=60.0):
         """The workers' process ids, once started (waiting up to ``timeout`` seconds for a start in
