@@ -94,9 +94,10 @@ def test_workers_of_a_script_that_imports_torch_do_not_import_torch(tmp_path):
 
 
 _WHEN_THE_SERVER_STARTS = textwrap.dedent("""
-    import json, sys
+    import json, sys, time
     from multiprocessing import forkserver
     import wdsmp
+    import wdsmp.fast.loader
 
     def running():
         return forkserver._forkserver._forkserver_pid is not None
@@ -114,10 +115,15 @@ _WHEN_THE_SERVER_STARTS = textwrap.dedent("""
                 print(json.dumps(loader.state_dict()))
         elif what == "resumed":
             state = json.loads(sys.stdin.read())
+            wdsmp.fast.loader.FORK_SERVER_DELAY = 60  # not by the timer here
             with wdsmp.FastLoader(urls, 2, **settings) as loader:
                 built = running()
                 loader.load_state_dict(state)
                 print(built, running(), len(list(loader)))
+        elif what == "pause":  # a script that builds its model before the loop
+            with wdsmp.FastLoader(urls, 2, **settings) as loader:
+                time.sleep(wdsmp.fast.loader.FORK_SERVER_DELAY + 1)
+                print(running(), len(list(loader)))
         else:  # a label function of the script's own: workers import the script, so does the server
             with wdsmp.FastLoader(urls, 2, label=label, **settings) as loader:
                 print(running())
@@ -126,8 +132,9 @@ _WHEN_THE_SERVER_STARTS = textwrap.dedent("""
 
 def test_the_fork_server_starts_at_once_where_the_workers_make_the_first_batch(tmp_path):
     """NOTE [first batch here]: a loader whose first batch its own process makes starts the fork
-    server after it; one resumed mid-epoch (its first batch is the workers'), or whose workers
-    import the script (a slow server start), starts it as soon as it knows."""
+    server after it, or FORK_SERVER_DELAY after construction where the script does other things
+    first; one resumed mid-epoch (its first batch is the workers'), or whose workers import the
+    script (a slow server start), starts it as soon as it knows."""
     urls = []
     for s in range(2):
         urls.append(str(tmp_path / f"part-{s}.tar"))
@@ -143,3 +150,4 @@ def test_the_fork_server_starts_at_once_where_the_workers_make_the_first_batch(t
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["False", "True", "3"]  # 4 batches an epoch, one seen before
     assert _python(str(script), *urls, "label") == "True"
+    assert _python(str(script), *urls, "pause").split() == ["True", "4"]

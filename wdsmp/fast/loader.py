@@ -61,6 +61,7 @@ NOTE [shutdown order]
 
 import functools
 import os
+import threading
 import warnings
 import weakref
 
@@ -80,7 +81,11 @@ from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
 from .stats import LoaderStats
 from .worker import IMAGES, KEYS, LABELS, WorkerConfig, make_first_batch, may_make_first_batch
 
-__all__ = ["IMAGE_KEYS", "Batch", "FastLoader"]
+__all__ = ["FORK_SERVER_DELAY", "IMAGE_KEYS", "Batch", "FastLoader"]
+
+# Seconds after construction a loader that makes its first batch itself starts the fork server,
+# unless iter() came first (NOTE [first batch here] in worker.py).
+FORK_SERVER_DELAY = 0.1
 
 
 class FastLoader:
@@ -212,12 +217,18 @@ class FastLoader:
             counts=tuple(count for _, count in self.shards))
         self._mp_context = mp_context
         main = _pool.refers_to_main(self._config)
+        self._server_timer = None
         if main or not may_make_first_batch(self._config, [url for url, _ in self.shards]):
             # The fork server imports the workers' modules (or the script, NOTE [light workers] in
-            # pool.py) from now on; else after the first batch, which it would slow (NOTE [first
-            # batch here] in worker.py).
+            # pool.py) from now on.
             _pool.start_server(mp_context, main)
+        else:  # after the first batch, which it would slow, unless the script does other things first
+            self._server_timer = threading.Timer(FORK_SERVER_DELAY, _pool.start_server, (mp_context, main))
+            self._server_timer.daemon = True
+            self._server_timer.start()
         self._resources = LoaderResources(self._ring)
+        if self._server_timer is not None:
+            self._resources.on_close(self._server_timer.cancel)
         self._finalizer = weakref.finalize(self, self._resources.close)
         self._slots = SlotTensors(self._ring, copy=self.copy, channels_first=self.channels_first)
         self._stats = LoaderStats(report_every=self.progress, num_workers=self.num_workers,
@@ -263,6 +274,8 @@ class FastLoader:
         """Start the next epoch: the workers get their plans (unless they went ahead with this
         very epoch, NOTE [next epoch ahead] in ``epochstart.py``); the iterator delivers the batches."""
         self._resources.check_open()
+        if self._server_timer is not None:
+            self._server_timer.cancel()  # NOTE [first batch here] in worker.py
         if self._delivery is not None:
             self._delivery.leave()
         before = self._resume, self.epoch  # what a failed start leaves for the next iter()

@@ -40,28 +40,35 @@ NOTE [first batch together]
 
 NOTE [first batch here]
     A fresh generation of workers waits for the fork server to start (an
-    interpreter, numpy and the worker's modules: about 0.2 s and 0.25 s of
-    CPU on 2 cores), for its forks and the ring's attachment, while the
-    loader's process waits with the decoder at hand. So when a fresh
-    generation starts an epoch (the first ``iter()``, or after a failure),
-    the loader makes the epoch's first batch itself
-    (:func:`make_first_batch`), with the threads the first batch's worker
-    would use, and hands it out as that worker's. Nothing else runs
-    meanwhile: a loader that will make its first batch so
+    interpreter, numpy and the worker's modules: about 0.2 s and 0.25 s of CPU
+    on 2 cores), for its forks and the ring's attachment, while the loader's
+    process waits with the decoder at hand. So when a fresh generation starts
+    an epoch (the first ``iter()``, or after a failure), the loader makes the
+    epoch's first batch itself (:func:`make_first_batch`), with the threads
+    the first batch's worker would use, and hands it out as that worker's.
+    Nothing else runs meanwhile: a loader that will make its first batch so
     (:func:`may_make_first_batch`) leaves the fork server unstarted at
-    construction, as its start would take the cores the batch needs. The
-    workers then start behind the batch, in a thread (``Workers.start``),
-    fork server first, as ``iter()`` returns and the training loop takes the
-    batch (under ``start_method="fork"`` from the loop's own thread, before
-    ``iter()`` returns: a fork from another thread would copy locks the loop
-    holds); the epoch's next batch is the one made together (NOTE [first
-    batch together]). The worker goes on with the stream as a resumed one:
-    it reads the stream from its start, drops the items the batch took
-    (epochplan.py's replay), and pads, if it must, with the batch's last row,
-    sent with its task (NOTE [full batches]). The epoch is the one the
-    workers alone make, sample for sample and pixel for pixel. A start that
-    fails in that thread ends the epoch at the next batch with a
-    ``WorkerError`` that says why, as a worker dying would.
+    construction, as its start would take the cores the batch needs (unless
+    the workers import the script, a slow start, or a loaded state resumes
+    mid-epoch, whose first batch is the workers'), for
+    ``loader.FORK_SERVER_DELAY`` (0.1 s): a script that calls ``iter()`` at
+    once gets the batch alone, one that builds its model first gets the fork
+    server started meanwhile. The workers start behind the batch, in a thread
+    (``Workers.start``), fork server first, as ``iter()`` returns and the
+    training loop takes the batch (under ``start_method="fork"`` from the
+    loop's own thread, before ``iter()`` returns: a fork from another thread
+    would copy locks the loop holds); the epoch's next batch is the one made
+    together (NOTE [first batch together]), and the workers held back for it
+    get their tasks from that thread once the batch made here would have been
+    made again (``epochstart.release_after``): otherwise only the loop's next
+    request would release them, and a loop's first step may be long. The
+    worker goes on with the stream as a resumed one: it reads the stream from
+    its start, drops the items the batch took (epochplan.py's replay), and
+    pads, if it must, with the batch's last row, sent with its task (NOTE
+    [full batches]). The epoch is the one the workers alone make, sample for
+    sample and pixel for pixel. A start that fails in that thread ends the
+    epoch at the next batch with a ``WorkerError`` that says why, as a worker
+    dying would.
 
     Only where reading the stream twice changes nothing but time: local
     shards (a path or ``file:``); no stages, label or field functions (the
