@@ -80,14 +80,20 @@ _PROBE = textwrap.dedent("""
 """)
 
 
-def test_workers_of_a_script_that_imports_torch_do_not_import_torch(tmp_path):
+def _two_shards(directory):
+    """Two shards of four small JPEGs in ``directory``; their paths."""
     urls = []
     for s in range(2):
-        urls.append(str(tmp_path / f"part-{s}.tar"))
+        urls.append(str(directory / f"part-{s}.tar"))
         with wdsmp.TarWriter(urls[-1]) as sink:
             for i in range(4):
                 pixels = np.full((20, 24, 3), 40 * i, np.uint8)
                 sink.write({"__key__": f"{s}-{i}", "jpg": simplejpeg.encode_jpeg(pixels, 90), "cls": b"1"})
+    return urls
+
+
+def test_workers_of_a_script_that_imports_torch_do_not_import_torch(tmp_path):
+    urls = _two_shards(tmp_path)
     (tmp_path / "probe.py").write_text(_PROBE)
     (tmp_path / "train.py").write_text(_SCRIPT)
     assert _python(str(tmp_path / "train.py"), *urls) == "[0]"  # probe.py is beside it, on sys.path
@@ -135,13 +141,7 @@ def test_the_fork_server_starts_at_once_where_the_workers_make_the_first_batch(t
     server after it, or FORK_SERVER_DELAY after construction where the script does other things
     first; one resumed mid-epoch (its first batch is the workers'), or whose workers import the
     script (a slow server start), starts it as soon as it knows."""
-    urls = []
-    for s in range(2):
-        urls.append(str(tmp_path / f"part-{s}.tar"))
-        with wdsmp.TarWriter(urls[-1]) as sink:
-            for i in range(4):
-                pixels = np.full((20, 24, 3), 40 * i, np.uint8)
-                sink.write({"__key__": f"{s}-{i}", "jpg": simplejpeg.encode_jpeg(pixels, 90), "cls": b"1"})
+    urls = _two_shards(tmp_path)
     script = tmp_path / "train.py"
     script.write_text(_WHEN_THE_SERVER_STARTS)
     state = _python(str(script), *urls, "state")
