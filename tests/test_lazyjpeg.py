@@ -9,6 +9,8 @@ import pickle
 import random
 import sys
 
+import hypothesis
+import hypothesis.strategies as st
 import numpy as np
 import PIL.Image
 import pytest
@@ -268,6 +270,7 @@ def test_damaged_jpegs_give_what_pillow_gives_or_fail_in_decode_as_it_fails():
     assert outcomes == {"Pillow fails", "Pillow decodes"}
 
 
+@needs_regions
 def test_one_clean_scan_finds_markers_in_image_data():
     data = pillow_jpeg(photo(40, 40, seed=8), quality=90, restart_marker_blocks=1,
                        exif=PIL.Image.Exif().tobytes(), icc_profile=b"\xff\xda" * 100)
@@ -278,6 +281,18 @@ def test_one_clean_scan_finds_markers_in_image_data():
     assert one_clean_scan(data[:scan + 40] + b"\xff\x00" + data[scan + 42:])
     assert not one_clean_scan(pillow_jpeg(photo(40, 40, seed=8), progressive=True))
 
+
+
+@needs_regions
+@hypothesis.settings(max_examples=500, deadline=None)
+@hypothesis.given(data=st.binary(max_size=24).map(lambda b: bytes(b"\x00\xff\xd0\xd7\xd8\xc4"[v % 6] for v in b)),
+                  start=st.integers(-3, 27), end=st.integers(-3, 27))
+def test_find_marker_finds_the_first_marker_within_the_range(data, start, end):
+    """The native scan against its definition: the first 0xFF, both bytes in ``data[start:end]``,
+    followed by other than 0x00 or 0xD0-0xD7."""
+    want = next((i for i in range(max(start, 0), min(end, len(data)) - 1)
+                 if data[i] == 0xFF and not (data[i + 1] == 0 or 0xD0 <= data[i + 1] <= 0xD7)), -1)
+    assert native.jpeg_region_module().find_marker(data, start, end) == want
 
 def test_the_twins_and_cut_jpegs_decode_eagerly(monkeypatch):
     data = pillow_jpeg(photo(20, 30, seed=7), quality=90)

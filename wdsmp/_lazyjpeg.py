@@ -33,7 +33,7 @@ corrupt Huffman code or data ending early is a warning, after which it goes
 on, so the rows above come out as in an undamaged file, the same in both; a
 marker where image data should be (a corrupt byte makes 0xFF followed by
 other than 0x00 or a restart marker) is an error Pillow raises. So only JPEGs
-whose image data holds no such marker (:func:`one_clean_scan`, a byte scan)
+whose image data holds no such marker (:func:`one_clean_scan`, a native byte scan)
 and whose tables libjpeg-turbo accepts when it starts decoding (damage there,
 which ``PIL.Image.open`` does not read, fails every region and Pillow's
 ``load``) are lazy, and the region decoder refuses a region whose own data
@@ -49,7 +49,6 @@ is raised there, not by ``decode``. Needs Pillow 11.2 or later (images over shar
 ``Image.im`` a property, as it is since 11.0).
 """
 
-import re
 import threading
 
 import PIL.Image
@@ -85,14 +84,14 @@ _REGION_SHARE = 0.75
 # first to finish switches it, the other's pixels, the same, are dropped).
 _SWITCH = threading.Lock()
 
-# In a scan's entropy-coded data, 0xFF is followed by a stuffed 0x00 or a restart marker's 0xD0-0xD7.
-_MARKER_IN_SCAN = re.compile(rb"\xff[^\x00\xd0-\xd7]")
-
 
 def one_clean_scan(data):
     """Whether a JPEG's image data is one scan that runs from its only start-of-scan marker
     to the end-of-image marker that ends the file, with no other marker in it (NOTE [damage past
-    the region])."""
+    the region]); False without the region decoder, whose ``find_marker`` scans the data."""
+    module = native.jpeg_region_module()
+    if module is None:
+        return False
     pos, end = 2, len(data)
     while pos + 4 <= end and data[pos] == 0xFF:
         marker = data[pos + 1]
@@ -102,7 +101,7 @@ def one_clean_scan(data):
             return False
         elif marker == 0xDA:
             start = pos + 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
-            return bytes(data[end - 2:]) == b"\xff\xd9" and _MARKER_IN_SCAN.search(data, start, end - 2) is None
+            return bytes(data[end - 2:]) == b"\xff\xd9" and module.find_marker(data, start, end - 2) < 0
         else:
             pos += 2 + int.from_bytes(data[pos + 2:pos + 4], "big")
     return False
