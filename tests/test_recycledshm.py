@@ -1,0 +1,105 @@
+"""Batches a DataLoader worker stacks into recycled shared memory (``wdsmp/_recycledshm.py``): the
+values ``torch.stack`` gives, and memory written again only once no process holds the batch in
+it: not while the main process keeps the batch, a numpy view of it, or has passed it to another
+process."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing
+import torch.utils.data
+
+import wdsmp
+
+pytestmark = [pytest.mark.processes,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="memfd and inotify are Linux's")]
+
+SHAPE = (4, 128, 128)  # 256 KB of float32: a batch of 8 is 2 MB, past the 1 MB it takes to recycle
+
+
+def _samples():
+    """Each worker's own samples: a tensor filled with its number, and that number as label."""
+    info = torch.utils.data.get_worker_info()
+    for i in range(80):
+        number = 1000 * info.id + i
+        yield torch.full(SHAPE, float(number)), number
+
+
+def loader():
+    dataset = wdsmp.DataPipeline(_samples, wdsmp.batched(8))
+    return torch.utils.data.DataLoader(dataset, num_workers=2, batch_size=None)
+
+
+def intact(images, labels):
+    """Whether each image still holds its label's number, as it was stacked."""
+    numbers = torch.as_tensor(np.asarray(labels), dtype=torch.float32)
+    expected = numbers.reshape(-1, *[1] * (images.dim() - 1)).expand_as(images)
+    return torch.equal(images, expected)
+
+
+def inode(images):
+    fd, _ = images.untyped_storage()._share_fd_cpu_()
+    return os.fstat(fd).st_ino
+
+
+def test_batches_let_go_of_are_recycled_and_hold_what_was_stacked():
+    inodes = []
+    for images, labels in loader():
+        assert images.is_shared() and images.shape == (8, *SHAPE) and images.dtype == torch.float32
+        assert intact(images, labels)
+        inodes.append(inode(images))
+        del images
+    assert len(inodes) == 20
+    assert len(set(inodes)) <= 8  # each worker writes again into batches already let go of
+
+
+def test_kept_batches_and_numpy_views_are_never_written_again():
+    kept = []
+    for step, (images, labels) in enumerate(loader()):
+        kept.append((images if step % 2 else images.numpy(), labels))  # a view alone keeps the batch
+        del images
+    assert len(kept) == 20
+    assert all(intact(torch.as_tensor(images), labels) for images, labels in kept)
+    assert len({inode(torch.as_tensor(images)) for images, _ in kept}) == 20
+
+
+def _hold(queue, verdict):
+    images, labels = queue.get()
+    queue.get()  # the main process has gone on by then, letting go of its own copy long ago
+    verdict.put(intact(images, labels))
+
+
+def test_a_batch_passed_to_another_process_is_kept_for_it():
+    context = torch.multiprocessing.get_context("spawn")
+    queue, verdict = context.Queue(), context.Queue()
+    child = context.Process(target=_hold, args=(queue, verdict))
+    child.start()
+    try:
+        batches = iter(loader())
+        queue.put(next(batches))
+        for images, labels in batches:  # each worker needs new memory for each batch meanwhile
+            assert intact(images, labels)
+            del images
+        queue.put("done")
+        assert verdict.get(timeout=60) is True
+    finally:
+        child.join(60)
+        queue.close()
+        verdict.close()
+    assert child.exitcode == 0
+
+
+def test_small_batches_and_batches_outside_workers_stack_as_torch_does():
+    plain = list(wdsmp.DataPipeline(_one_worker_samples, wdsmp.batched(8)))
+    assert all(not images.is_shared() and intact(images, labels) for images, labels in plain)
+    small = wdsmp.DataPipeline(lambda: ((torch.full((3,), float(i)), i) for i in range(16)), wdsmp.batched(8))
+    received = list(torch.utils.data.DataLoader(small, num_workers=1, batch_size=None))
+    assert [intact(images, labels) for images, labels in received] == [True, True]
+
+
+def _one_worker_samples():
+    for i in range(16):
+        yield torch.full(SHAPE, float(i)), i
