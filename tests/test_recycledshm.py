@@ -103,3 +103,15 @@ def test_small_batches_and_batches_outside_workers_stack_as_torch_does():
 def _one_worker_samples():
     for i in range(16):
         yield torch.full(SHAPE, float(i)), i
+
+
+def test_under_the_file_system_strategy_batches_go_to_new_memory_with_the_same_values():
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        received = [(images, labels) for images, labels in loader()]  # all kept: values must hold
+        names = {images.untyped_storage()._share_filename_cpu_()[1] for images, _ in received}
+    finally:
+        torch.multiprocessing.set_sharing_strategy(strategy)
+    assert len(received) == 20 and all(intact(images, labels) for images, labels in received)
+    assert len(names) == 20
