@@ -21,16 +21,17 @@ SHAPE = (4, 128, 128)  # 256 KB of float32: a batch of 8 is 2 MB, past the 1 MB 
 
 
 def _samples():
-    """Each worker's own samples: a tensor filled with its number, and that number as label."""
+    """Each worker's own samples: a tensor filled with its number, and that number as label; 84
+    of them, so that the last batch (4 samples, 1 MB) has a size of its own."""
     info = torch.utils.data.get_worker_info()
-    for i in range(80):
+    for i in range(84):
         number = 1000 * info.id + i
         yield torch.full(SHAPE, float(number)), number
 
 
-def loader():
+def loader(workers=2, **options):
     dataset = wdsmp.DataPipeline(_samples, wdsmp.batched(8))
-    return torch.utils.data.DataLoader(dataset, num_workers=2, batch_size=None)
+    return torch.utils.data.DataLoader(dataset, num_workers=workers, batch_size=None, **options)
 
 
 def intact(images, labels):
@@ -48,12 +49,12 @@ def inode(images):
 def test_batches_let_go_of_are_recycled_and_hold_what_was_stacked():
     inodes = []
     for images, labels in loader():
-        assert images.is_shared() and images.shape == (8, *SHAPE) and images.dtype == torch.float32
+        assert images.is_shared() and images.shape[1:] == SHAPE and images.dtype == torch.float32
         assert intact(images, labels)
         inodes.append(inode(images))
         del images
-    assert len(inodes) == 20
-    assert len(set(inodes)) <= 8  # each worker writes again into batches already let go of
+    assert len(inodes) == 22
+    assert len(set(inodes)) <= 10  # each worker writes again into batches already let go of
 
 
 def test_kept_batches_and_numpy_views_are_never_written_again():
@@ -61,9 +62,9 @@ def test_kept_batches_and_numpy_views_are_never_written_again():
     for step, (images, labels) in enumerate(loader()):
         kept.append((images if step % 2 else images.numpy(), labels))  # a view alone keeps the batch
         del images
-    assert len(kept) == 20
+    assert len(kept) == 22
     assert all(intact(torch.as_tensor(images), labels) for images, labels in kept)
-    assert len({inode(torch.as_tensor(images)) for images, _ in kept}) == 20
+    assert len({inode(torch.as_tensor(images)) for images, _ in kept}) == 22
 
 
 def _hold(queue, verdict):
@@ -113,5 +114,23 @@ def test_under_the_file_system_strategy_batches_go_to_new_memory_with_the_same_v
         names = {images.untyped_storage()._share_filename_cpu_()[1] for images, _ in received}
     finally:
         torch.multiprocessing.set_sharing_strategy(strategy)
-    assert len(received) == 20 and all(intact(images, labels) for images, labels in received)
-    assert len(names) == 20
+    assert len(received) == 22 and all(intact(images, labels) for images, labels in received)
+    assert len(names) == 22
+
+
+def test_spawned_workers_of_a_file_system_process_write_each_batch_into_new_memory():
+    """A spawned worker shares by file descriptor whatever the process taking its batches does.
+    That process, under ``file_system``, moves a batch it shares again (``share_memory_()``)
+    into memory of its own, letting go of the file the batch came in while the batch lives on
+    in torch's cache of received files: a later batch written into that file would come out of
+    the cache with the old values. Such workers must not recycle."""
+    strategy = torch.multiprocessing.get_sharing_strategy()
+    torch.multiprocessing.set_sharing_strategy("file_system")
+    try:
+        kept = []
+        for images, labels in loader(workers=1, multiprocessing_context="spawn"):
+            images.share_memory_()
+            kept.append((images, labels))
+    finally:
+        torch.multiprocessing.set_sharing_strategy(strategy)
+    assert len(kept) == 11 and all(intact(images, labels) for images, labels in kept)

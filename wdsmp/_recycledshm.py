@@ -18,17 +18,27 @@ worker's own descriptor is never released while the segment is in use, so that e
 batch's open file, and with it every holder of the batch, is gone. Only then is the segment
 written again, under a new open. A batch kept (in a list, as a numpy view, in another process)
 keeps its open file and is never overwritten; an event that never comes (lost in an inotify
-queue overflow) leaves a segment unused, never reused early. torch's receiving side caches
-storages by inode but only while one is alive, which by then none is.
+queue overflow) leaves a segment unused, never reused early.
 
-Only on Linux with ``memfd_create`` and inotify, and only under torch's ``file_descriptor``
-sharing strategy (the default there; under ``file_system`` torch copies the batch into memory
-of its own anyway): elsewhere :func:`stack` gives None and the caller stacks as torch does. A
-worker keeps at most one free segment (for the size it stacked last) and tracks at most
-``_TRACKED`` segments; memfds have no name, so nothing is left behind when it exits.
+One more holder is not a mapping: torch's receiving side caches the storages it rebuilt by
+inode, for as long as each is alive, and under the ``file_system`` sharing strategy a storage
+that is shared again (``share_memory_()``, a queue) moves into memory of its own and lets go
+of the file while it lives on; a later batch in the same file would then be found in that
+cache and come out with the old values. So a worker recycles only where the process taking
+its batches shares by file descriptor: it must have been forked by that process (a
+DataLoader's workers under the ``fork`` start method), whose strategy it inherited when it
+started, and that strategy must be ``file_descriptor`` (the default on Linux). Spawned
+workers, and those forked by a fork server (Python 3.14's default), stack into new memory as
+torch does; a process that turns to ``file_system`` after its workers started is not seen.
+
+Only on Linux with ``memfd_create`` and inotify: elsewhere :func:`stack` gives None and the
+caller stacks as torch does. A worker keeps at most one free segment (for the size it stacked
+last) and tracks at most ``_TRACKED`` segments; memfds have no name, so nothing is left behind
+when it exits.
 """
 
 import ctypes
+import multiprocessing
 import os
 import struct
 import sys
@@ -43,7 +53,8 @@ _EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len; t
 
 
 class _Segment:
-    """One memfd: its descriptor, size, inotify watch and the worker's own mapping of it."""
+    """One memfd: its descriptor (-1 once closed), size, inotify watch and the worker's own
+    mapping of it."""
 
     __slots__ = ("fd", "nbytes", "watch", "view")
 
@@ -51,13 +62,22 @@ class _Segment:
         self.fd, self.nbytes, self.watch, self.view = fd, nbytes, watch, view
 
 
+def _storage_over(fd, nbytes):
+    """A torch storage mapping ``fd``'s file, over a descriptor of its own that a program this
+    process runs does not inherit (torch's duplicate is inheritable)."""
+    import torch
+
+    storage = torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)
+    os.set_inheritable(storage._share_fd_cpu_()[0], False)
+    return storage
+
+
 class _Pool:
-    """This process's segments: ``busy`` (a batch handed out, by watch) and ``free`` (one)."""
+    """This process's segments: ``busy`` (a batch handed out, by watch) and ``free`` (one). A
+    segment being filled is in neither, so no other thread forgets it meanwhile."""
 
     def __init__(self):
-        import torch
-
-        self.torch, self.lock = torch, threading.Lock()
+        self.lock = threading.Lock()
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.inotify = self.libc.inotify_init1(_IN_NONBLOCK | _IN_CLOEXEC)
         if self.inotify < 0:
@@ -77,14 +97,15 @@ class _Pool:
                 offset += _EVENT.size + length
                 segment = self.busy.pop(watch, None) if mask & _IN_CLOSE_WRITE else None
                 if segment is not None:
-                    if self.free is not None:
-                        self._forget(self.free)
-                    self.free = segment
+                    old, self.free = self.free, segment
+                    if old is not None:
+                        self._forget(old)
 
     def _forget(self, segment):
         """Stop tracking ``segment``: its memory goes once its last holder lets go of it."""
-        self.libc.inotify_rm_watch(self.inotify, segment.watch)
-        os.close(segment.fd)
+        fd, segment.fd = segment.fd, -1  # first, so that a child forked meanwhile leaves it
+        self.libc.inotify_rm_watch(self.inotify, segment.watch)  # before the close, which it would report
+        os.close(fd)
         segment.view = None
 
     def _new_segment(self, nbytes):
@@ -94,14 +115,14 @@ class _Pool:
             watch = self.libc.inotify_add_watch(self.inotify, f"/proc/self/fd/{fd}".encode(), _IN_CLOSE_WRITE)
             if watch < 0:
                 raise OSError(ctypes.get_errno(), "inotify_add_watch failed")
-            view = self.torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)
+            return _Segment(fd, nbytes, watch, _storage_over(fd, nbytes))
         except BaseException:
-            os.close(fd)
+            os.close(fd)  # the watch goes with the file
             raise
-        return _Segment(fd, nbytes, watch, view)
 
     def take(self, nbytes):
-        """A segment of ``nbytes`` that no process holds, marked busy."""
+        """A segment of ``nbytes`` that no process holds, for the caller alone until
+        :meth:`hand_out` or :meth:`discard`."""
         with self.lock:
             self._released()
             segment, self.free = self.free, None
@@ -110,37 +131,45 @@ class _Pool:
                 segment = None
             if segment is None:
                 segment = self._new_segment(nbytes)
+            return segment
+
+    def hand_out(self, segment):
+        """A storage over a new open of filled ``segment``'s file, the batch tensor's; from now
+        on the segment waits, busy, for the last holder of that open file."""
+        fd = os.open(f"/proc/self/fd/{segment.fd}", os.O_RDWR | os.O_CLOEXEC)
+        try:
+            storage = _storage_over(fd, segment.nbytes)
+        finally:
+            os.close(fd)  # the storage holds its own duplicate
+        with self.lock:
             while len(self.busy) >= _TRACKED:
                 self._forget(self.busy.pop(next(iter(self.busy))))
             self.busy[segment.watch] = segment
-            return segment
+        return storage
 
-    def drop(self, segment):
-        """Forget busy ``segment``, whose batch was never handed out."""
+    def discard(self, segment):
+        """Forget ``segment``, taken but never handed out."""
         with self.lock:
-            if self.busy.pop(segment.watch, None) is not None:
-                self._forget(segment)
+            self._forget(segment)
 
-    def hand_out(self, segment):
-        """A storage over a new open of ``segment``'s file: what the batch tensor is over."""
-        fd = os.open(f"/proc/self/fd/{segment.fd}", os.O_RDWR | os.O_CLOEXEC)
-        try:
-            return self.torch.UntypedStorage._new_shared_fd_cpu(fd, segment.nbytes)
-        finally:
-            os.close(fd)  # the storage holds its own duplicate
+    def _segments(self):
+        return [*self.busy.values(), *([self.free] if self.free is not None else [])]
 
     def abandon(self):
         """Close this pool's descriptors in a forked child, which shares the parent's inotify
         instance (so its watches are left alone) and whose parent keeps its own files open."""
-        os.close(self.inotify)
-        for segment in [*self.busy.values(), *([self.free] if self.free else [])]:
-            os.close(segment.fd)
-            segment.view = None
+        for fd in [self.inotify, *(segment.fd for segment in self._segments())]:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.busy, self.free = {}, None
 
     def close(self):
         """Forget every segment and close the inotify instance (the pool is not used again)."""
         with self.lock:
-            for segment in [*self.busy.values(), *([self.free] if self.free else [])]:
+            for segment in self._segments():
                 self._forget(segment)
             self.busy, self.free = {}, None
             os.close(self.inotify)
@@ -178,25 +207,37 @@ def _after_fork_in_child():
     """A forked child makes a pool of its own when it stacks; the parent's is abandoned there."""
     global _POOL, _POOL_LOCK
     _POOL_LOCK = threading.Lock()  # another thread may have held it at the fork
-    if isinstance(_POOL, _Pool):
-        _POOL.abandon()
-    _POOL = _UNMADE
+    pool, _POOL = _POOL, _UNMADE
+    if isinstance(pool, _Pool):
+        pool.abandon()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _forked_from_consumer():
+    """Whether this process was forked (not spawned, nor forked from a fork server) by the
+    process that started it, as a DataLoader's workers are by the process taking their batches
+    under the ``fork`` start method: only then is this process's torch sharing strategy that
+    process's (NOTE [a batch no process holds])."""
+    process = multiprocessing.current_process()  # of the class its parent started it as
+    method = getattr(type(process), "_start_method", None) or multiprocessing.get_start_method(allow_none=True)
+    return method == "fork"  # the default context's method, resolved in the parent before a fork
+
+
 def stack(tensors):
     """``torch.stack(tensors)`` of plain CPU tensors of one shape and dtype, into shared memory
     reused once no process holds an earlier batch in it (NOTE [a batch no process holds]); None
-    where that is not done (small batches, no memfd or inotify, another sharing strategy)."""
+    where that is not done (small batches, a worker not forked, another sharing strategy, no
+    memfd or inotify)."""
     import torch
     import torch.multiprocessing
 
     first = tensors[0]
     shape = (len(tensors), *first.shape)
     nbytes = first.element_size() * first.numel() * len(tensors)
-    if nbytes < _MIN_BYTES or torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+    if (nbytes < _MIN_BYTES or torch.multiprocessing.get_sharing_strategy() != "file_descriptor"
+            or not _forked_from_consumer()):
         return None
     pool = _pool()
     if pool is None:
@@ -210,7 +251,7 @@ def stack(tensors):
         torch.stack(tensors, out=torch.empty(0, dtype=first.dtype).set_(segment.view, 0, shape))
         storage = pool.hand_out(segment)
     except BaseException as error:
-        pool.drop(segment)
+        pool.discard(segment)
         if isinstance(error, OSError):  # out of descriptors, say: torch's own way may still work
             return None
         raise
