@@ -29,7 +29,10 @@ its batches shares by file descriptor: it must have been forked by that process 
 DataLoader's workers under the ``fork`` start method), whose strategy it inherited when it
 started, and that strategy must be ``file_descriptor`` (the default on Linux). Spawned
 workers, and those forked by a fork server (Python 3.14's default), stack into new memory as
-torch does; a process that turns to ``file_system`` after its workers started is not seen.
+torch does. Not seen from a worker: a process that turns to ``file_system`` after its workers
+started, or one further on (the main process passes its batches to another process, which
+shares them on under ``file_system`` and keeps them): there ``WDSMP_NEW_BATCH_MEMORY=1`` turns
+recycling off.
 
 Only on Linux with ``memfd_create`` and inotify: elsewhere :func:`stack` gives None and the
 caller stacks as torch does. A worker keeps at most one free segment (for the size it stacked
@@ -43,6 +46,8 @@ import os
 import struct
 import sys
 import threading
+
+from . import _env
 
 __all__ = ["stack"]
 
@@ -104,7 +109,10 @@ class _Pool:
     def _forget(self, segment):
         """Stop tracking ``segment``: its memory goes once its last holder lets go of it."""
         fd, segment.fd = segment.fd, -1  # first, so that a child forked meanwhile leaves it
-        self.libc.inotify_rm_watch(self.inotify, segment.watch)  # before the close, which it would report
+        if fd < 0:
+            return
+        if self.inotify >= 0:
+            self.libc.inotify_rm_watch(self.inotify, segment.watch)  # before the close, which it would report
         os.close(fd)
         segment.view = None
 
@@ -142,14 +150,19 @@ class _Pool:
         finally:
             os.close(fd)  # the storage holds its own duplicate
         with self.lock:
+            if self.inotify < 0:  # closed by another thread meanwhile: nobody will hear of it
+                self._forget(segment)
+                return storage
             while len(self.busy) >= _TRACKED:
                 self._forget(self.busy.pop(next(iter(self.busy))))
             self.busy[segment.watch] = segment
         return storage
 
     def discard(self, segment):
-        """Forget ``segment``, taken but never handed out."""
+        """Forget ``segment``, taken but never handed out (or handed out while interrupted)."""
         with self.lock:
+            if self.busy.get(segment.watch) is segment:
+                del self.busy[segment.watch]
             self._forget(segment)
 
     def _segments(self):
@@ -172,7 +185,8 @@ class _Pool:
             for segment in self._segments():
                 self._forget(segment)
             self.busy, self.free = {}, None
-            os.close(self.inotify)
+            inotify, self.inotify = self.inotify, -1
+            os.close(inotify)
 
 
 _UNMADE = object()
@@ -220,6 +234,8 @@ def _forked_from_consumer():
     process that started it, as a DataLoader's workers are by the process taking their batches
     under the ``fork`` start method: only then is this process's torch sharing strategy that
     process's (NOTE [a batch no process holds])."""
+    if multiprocessing.parent_process() is None:  # not started by this multiprocessing at all
+        return False
     process = multiprocessing.current_process()  # of the class its parent started it as
     method = getattr(type(process), "_start_method", None) or multiprocessing.get_start_method(allow_none=True)
     return method == "fork"  # the default context's method, resolved in the parent before a fork
@@ -229,7 +245,7 @@ def stack(tensors):
     """``torch.stack(tensors)`` of plain CPU tensors of one shape and dtype, into shared memory
     reused once no process holds an earlier batch in it (NOTE [a batch no process holds]); None
     where that is not done (small batches, a worker not forked, another sharing strategy, no
-    memfd or inotify)."""
+    memfd or inotify, ``WDSMP_NEW_BATCH_MEMORY=1``)."""
     import torch
     import torch.multiprocessing
 
@@ -237,14 +253,14 @@ def stack(tensors):
     shape = (len(tensors), *first.shape)
     nbytes = first.element_size() * first.numel() * len(tensors)
     if (nbytes < _MIN_BYTES or torch.multiprocessing.get_sharing_strategy() != "file_descriptor"
-            or not _forked_from_consumer()):
+            or not _forked_from_consumer() or _env.new_batch_memory()):
         return None
     pool = _pool()
     if pool is None:
         return None
     try:
         segment = pool.take(nbytes)
-    except OSError:
+    except (OSError, RuntimeError):  # no /proc, no descriptors (torch raises RuntimeError for that)
         _give_up(pool)
         return None
     try:
@@ -252,7 +268,7 @@ def stack(tensors):
         storage = pool.hand_out(segment)
     except BaseException as error:
         pool.discard(segment)
-        if isinstance(error, OSError):  # out of descriptors, say: torch's own way may still work
+        if isinstance(error, (OSError, RuntimeError)):  # out of descriptors, say: torch's way decides
             return None
         raise
     return torch.empty(0, dtype=first.dtype).set_(storage, 0, shape)
