@@ -393,6 +393,7 @@ def test_private_stage_generators_for_own_stages():
 # -- a fresh process: the package's submodules and patches right after ``import wdsmp as wds``
 
 _FRESH_SCRIPT = '''
+import os
 import sys
 import torch.utils.data
 import wdsmp as wds
@@ -427,7 +428,7 @@ original_url_opener = wds.tariterators.url_opener
 
 def logging_url_opener(data, handler=wds.reraise_exception, **kw):
     for source in original_url_opener(data, handler=handler, **kw):
-        print("opened", source["url"], file=sys.stderr)
+        os.write(2, f"opened {source['url']}\\n".encode())  # one write: the two workers' lines never interleave
         yield source
 
 
