@@ -8,8 +8,9 @@ Usage::
 
 In a process forked from this one, with one thread, as a DataLoader worker (wdsmp recycles only
 in workers forked by the process taking their batches); the three ways alternate round by
-round and the median round is reported, in milliseconds per image (per stacked tensor). The recycled way drops each
-batch before stacking the next, as a training loop lets go of the batch it has used.
+round and the median round is reported, in milliseconds per image (per stacked tensor). The
+recycled way drops each batch before stacking the next, as a training loop lets go of the
+batch it has used.
 """
 
 import argparse

@@ -282,7 +282,6 @@ def test_one_clean_scan_finds_markers_in_image_data():
     assert not one_clean_scan(pillow_jpeg(photo(40, 40, seed=8), progressive=True))
 
 
-
 @needs_regions
 @hypothesis.settings(max_examples=500, deadline=None)
 @hypothesis.given(data=st.binary(max_size=24).map(lambda b: bytes(b"\x00\xff\xd0\xd7\xd8\xc4"[v % 6] for v in b)),
@@ -293,6 +292,7 @@ def test_find_marker_finds_the_first_marker_within_the_range(data, start, end):
     want = next((i for i in range(max(start, 0), min(end, len(data)) - 1)
                  if data[i] == 0xFF and not (data[i + 1] == 0 or 0xD0 <= data[i + 1] <= 0xD7)), -1)
     assert native.jpeg_region_module().find_marker(data, start, end) == want
+
 
 def test_the_twins_and_cut_jpegs_decode_eagerly(monkeypatch):
     data = pillow_jpeg(photo(20, 30, seed=7), quality=90)

@@ -6,9 +6,8 @@ process."""
 import os
 import sys
 
-import psutil
-
 import numpy as np
+import psutil
 import pytest
 import torch
 import torch.multiprocessing
