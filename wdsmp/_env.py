@@ -22,12 +22,6 @@ def pure_python():
     return _flag("WDSMP_PUREPYTHON")
 
 
-def new_batch_memory():
-    """``WDSMP_NEW_BATCH_MEMORY=1``: DataLoader workers stack every batch into new shared
-    memory, as torch does, never into the memory of one let go of (``wdsmp/_recycledshm.py``)."""
-    return _flag("WDSMP_NEW_BATCH_MEMORY")
-
-
 def _int_var(name):
     value = os.environ.get(name)
     if value is None:

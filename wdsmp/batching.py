@@ -12,9 +12,7 @@ In a DataLoader worker, tensors are stacked straight into shared memory, as
 torch's own ``default_collate`` does: a batch then reaches the main process
 without the copy into shared memory the DataLoader otherwise makes (for
 ImageNet-sized float batches, about a third of a millisecond of CPU per
-image; benchmarks/RESULTS.md), and into the memory of an earlier batch once
-no process holds that one (``_recycledshm``), which spares the kernel's work
-on new pages, more than the copy itself. The values are the same either way.
+image; benchmarks/RESULTS.md). The values are the same either way.
 
 torch is imported only for tensors: a value can only be a tensor once torch
 has been imported by whoever made it.
@@ -24,7 +22,6 @@ import sys
 
 import numpy as np
 
-from . import _recycledshm
 from ._stages import pipelinefilter
 from .validation import positive_int
 
@@ -56,8 +53,7 @@ def _is_tensor(value):
 
 def _stack(tensors):
     """``torch.stack(tensors)``; in a DataLoader worker, into shared memory for plain CPU
-    tensors of one dtype without grad: memory that earlier batches no process holds any more
-    were in (``_recycledshm``), else new memory (through ``default_collate``, which does that)."""
+    tensors of one dtype without grad (through ``default_collate``, which does that)."""
     import torch
     from torch.utils.data import default_collate, get_worker_info
 
@@ -65,8 +61,7 @@ def _stack(tensors):
     if (get_worker_info() is not None and type(first) is torch.Tensor and first.layout == torch.strided
             and first.device.type == "cpu"
             and all(t.dtype == first.dtype and not t.requires_grad and type(t) is torch.Tensor for t in tensors)):
-        batch = _recycledshm.stack(tensors)
-        return default_collate(tensors) if batch is None else batch
+        return default_collate(tensors)
     return torch.stack(tensors)
 
 
