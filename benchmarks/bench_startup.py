@@ -10,11 +10,9 @@ it; rounds are interleaved across the parts (and across ``--tree`` checkouts, ea
 and the median of the rounds is reported, with the lowest beside it. The parts:
 
 - interpreter: ``python -c pass``;
-- imports, each beyond the bare interpreter: numpy, torch, the fork server's preloads
-  (``wdsmp.fast.pool.preloads``: the worker module, what every worker holds, and what comes
-  before it), and what a training script imports (``torch``, ``wdsmp`` and ``wdsmp.FastLoader``);
-- fork server: from starting it (with wdsmp's preloads) to the first child it forks, which is
-  when the first workers can start;
+- imports, each beyond the bare interpreter: numpy, torch, a worker's (numpy on one BLAS
+  thread, then the worker module: what each spawned worker imports before its first task),
+  and what a training script imports (``torch``, ``wdsmp`` and ``wdsmp.FastLoader``);
 - ring: ``Ring.create`` of the benchmark's slots (the memory reserved with ``posix_fallocate``);
 - opening the first shard and reading its first sample, the first image's decode (a fresh
   process's first call, and the mean of the following ones), and a whole batch decoded,
@@ -22,7 +20,8 @@ and the median of the rounds is reported, with the lowest beside it. The parts:
 - end to end, in a script that imports torch and wdsmp as a training script does
   (``wdsmp.coldstart``): construction, first batch from construction, and the first batch of
   a new epoch of the same loader (workers kept), after a whole epoch; and the first batch
-  again with ``start_method="fork"`` (workers forked from the script itself, no fork server).
+  again with ``start_method="fork"`` (workers forked from the script itself, no interpreter
+  to start).
 """
 
 import argparse
@@ -40,26 +39,9 @@ _IMPORTS = {
     "interpreter": "pass",
     "import numpy": "import numpy",
     "import torch": "import torch",
-    "fork server's preloads (wdsmp's, in order)": ("from wdsmp.fast.pool import preloads; import importlib; "
-                                                   "[importlib.import_module(m) for m in preloads([], False)]"),
+    "a worker's (numpy on one thread, the worker module)": "import wdsmp.fast.numpy_one_thread, wdsmp.fast.worker",
     "a training script's imports (torch, wdsmp, FastLoader)": "import torch, wdsmp; wdsmp.FastLoader",
 }
-
-_FORK_SERVER = textwrap.dedent("""
-    import json, multiprocessing, time
-    from multiprocessing import forkserver
-    if __name__ == "__main__":
-        ctx = multiprocessing.get_context("forkserver")
-        from wdsmp.fast.pool import preloads
-        ctx.set_forkserver_preload(preloads([], False))
-        start = time.perf_counter()
-        forkserver.ensure_running()
-        child = ctx.Process(target=time.sleep, args=(0,))
-        child.start()  # returns once the server, its imports done, has forked the child
-        ready = time.perf_counter() - start
-        child.join()
-        print(json.dumps({"fork server: start to first child": ready}))
-""")
 
 _PARTS = textwrap.dedent("""
     import json, random, sys, time
@@ -133,7 +115,6 @@ def measure(tree, scripts, args):
     figures = _timed_interpreter(tree)
     figures.update((f"import beyond the interpreter: {name}", seconds) for name, seconds in _imports(tree).items()
                    if name != "interpreter")
-    figures.update(_run(tree, [scripts["fork_server"]]))
     figures.update(_run(tree, [scripts["parts"], *common]))
     end_to_end = first_batches(args.corpus_index, args.batch_size, args.workers, args.image_size, tree=tree)
     figures.update((f"end to end: {part}", seconds) for part, seconds in end_to_end.items())
@@ -174,7 +155,7 @@ def main(argv=None):
 
     with tempfile.TemporaryDirectory() as directory:
         scripts = {}
-        for name, text in (("fork_server", _FORK_SERVER), ("parts", _PARTS)):
+        for name, text in (("parts", _PARTS),):
             scripts[name] = os.path.join(directory, f"{name}.py")
             with open(scripts[name], "w") as stream:
                 stream.write(text)

@@ -15,7 +15,6 @@ file descriptors and /dev/shm. Exit status 1 on any failed check.
 """
 
 import argparse
-import gc
 import os
 import random
 import signal
@@ -29,7 +28,6 @@ import simplejpeg
 
 import wdsmp
 from wdsmp.errors import WorkerError
-from wdsmp.fast.pool import SEM_PREFIX
 
 
 def write_corpus(directory, samples, bad, seed):
@@ -123,12 +121,8 @@ def main(argv=None):
                 fds.append(len(os.listdir("/proc/self/fd")))
                 print(f"epoch {epoch:3d}: {len(keys)} samples, {kills} workers killed, PSS {pss[-1] / 2**20:,.0f} MB, "
                       f"{fds[-1]} fds", flush=True)
-        # Rings and semaphores of this process, but not the lock file it holds until it exits
-        # (NOTE [semaphore names] in wdsmp/fast/pool.py; a clean exit removes it). A closed loader's
-        # queues sit in reference cycles: their semaphores are unlinked when the collector frees them.
-        gc.collect()
-        left = [n for n in os.listdir("/dev/shm") if f"-{os.getpid()}-" in n and n.startswith(("wdsmp-", "sem.wdsmp-"))
-                and not (n.startswith(SEM_PREFIX) and n.endswith(".lock"))]
+        # The rings of this process: a closed loader's is unlinked at once.
+        left = [n for n in os.listdir("/dev/shm") if f"-{os.getpid()}-" in n and n.startswith("wdsmp-")]
         if left:
             failures.append(f"segments left in /dev/shm: {left}")
     elapsed = time.perf_counter() - start

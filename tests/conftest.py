@@ -116,8 +116,6 @@ def _open_files():
             continue  # an arena of multiprocessing's shared heap: kept for the process's life by design
         if "/matplotlib/mpl-data/fonts/" in target:
             continue  # matplotlib caches the fonts it drew with, open, for the process's life
-        if re.fullmatch(r"/dev/shm/wdsmp-sem-\d+-[0-9a-f]{8}\.lock", target):
-            continue  # the lock that keeps this process's loader semaphores (NOTE [semaphore names]): the same
         if target.startswith("/") and not target.startswith(("/dev/null", "/dev/pts", "/dev/tty", "/proc/")):
             files[int(fd)] = target
     return files

@@ -7,7 +7,7 @@ carry the names of webdataset's submodules of the same name.
 The names are imported on first use (``wdsmp.WebDataset`` imports
 ``wdsmp.compat``, and with it torch), not by ``import wdsmp``: a FastLoader's
 worker processes import only the modules they run, so they start without
-torch (NOTE [light workers] in ``wdsmp/fast/pool.py``).
+torch (NOTE [worker processes] in ``wdsmp/fast/pool.py``).
 """
 
 from importlib import import_module as _import_module

@@ -19,7 +19,7 @@ The contenders (``CONTENDERS``), each run with the same worker count:
   imported torch and wdsmp (from constructing the loader) and the first batch of its second
   epoch (``wdsmp.coldstart``): what a restarted job or an evaluation script meets.
 - "FastLoader, fresh process, fork": the same with ``start_method="fork"`` (workers forked
-  from the script, no fork server to start).
+  from the script, no interpreters to start).
 - "decode-only ceiling": libjpeg-turbo (simplejpeg) decoding the corpus's JPEGs
   (``.ppm`` members: parsed and copied) to full-size RGB on one core, timed
   call by call, times N workers: what N workers could reach if decoding were
@@ -429,7 +429,7 @@ def fastloader(corpus, args):
                                              image_size=CROP_SIZE), args, fastloader_stages)
 
 
-def fastloader_fresh_process(corpus, args, start_method="forkserver"):
+def fastloader_fresh_process(corpus, args, start_method="spawn"):
     """FastLoader's first batches in a fresh interpreter that imports torch and wdsmp first
     (``wdsmp.coldstart``), its workers started by ``start_method``: no rate, the latencies a
     restarted job meets."""

@@ -5,11 +5,10 @@ left after the step), and the first batch of its second epoch (from ``iter()``, 
 kept), after an epoch taken as fast as it comes ("new epoch": nothing to overlap, the workers make the
 first batch as the loop waits), and of its third, after an epoch whose loop trains
 :data:`STEP` seconds on each batch ("new epoch after training steps": the workers went ahead
-with it meanwhile, NOTE [next epoch ahead] in ``wdsmp/fast/epochstart.py``), and that epoch's
-second batch after one more step (the other workers start their first batches once the
-first is announced). "first batch, CPU" is the CPU time all the loader's processes (the
-script from construction on, the fork server, the workers) spent until the first batch:
-on C cores the first batch cannot come sooner than that over C.
+with it meanwhile, NOTE [next epoch ahead] in ``wdsmp/fast/delivery.py``), and that epoch's
+second batch after one more step. "first batch, CPU" is the CPU time all the loader's
+processes (the script from construction on, the workers) spent until the first batch: on C
+cores the first batch cannot come sooner than that over C.
 
 The loader benchmark (``wdsmp.benchmark``) reports it as a row of its own, and
 ``benchmarks/bench_startup.py`` beside each part of start-up; both run :data:`SCRIPT`,
@@ -77,7 +76,7 @@ if __name__ == "__main__":
 """
 
 
-def first_batches(index, batch_size, workers, image_size, *, tree=None, start_method="forkserver", timeout=600):
+def first_batches(index, batch_size, workers, image_size, *, tree=None, start_method="spawn", timeout=600):
     """``{"construction", "first batch", "first batch, CPU", "first batch, then the second after one step",
     "new epoch", "new epoch after training steps",
     "new epoch after training steps, its second batch": seconds}``

@@ -77,6 +77,7 @@ from .utils import make_seed
 __all__ = [
     "POLICIES",
     "EpochPlan",
+    "EpochPlanner",
     "PlanPosition",
     "ShardRange",
     "StreamPlan",
@@ -417,6 +418,36 @@ def plan_epoch(shards, position=0, *, batch_size, seed=0, rank=0, world_size=1, 
     if len(consumed) != plan.num_streams:
         raise ValueError(f"position has worker_consumed for {len(consumed)} workers, the plan has {plan.num_streams} streams")
     return replace(plan, streams=tuple(replace(stream, consumed=n) for stream, n in zip(plan.streams, consumed)))
+
+
+@dataclass(frozen=True)
+class EpochPlanner:
+    """``plan_epoch`` with all but the position fixed: one loader's epochs, planned alike by the
+    loader and by each of its workers (which get only the position of each epoch). ``shards``:
+    ``(url, count)`` pairs; ``num_streams``: the streams of an epoch that starts afresh."""
+
+    shards: Tuple[Tuple[str, Optional[int]], ...]
+    batch_size: int
+    seed: object = 0
+    rank: int = 0
+    world_size: int = 1
+    num_streams: int = 1
+    policy: str = "drop"
+    shuffle: bool = True
+    resampled: bool = False
+    epoch_batches: Optional[int] = None
+    exact: bool = True
+
+    def plan(self, position):
+        """The plan at ``position`` (an epoch number or a ``PlanPosition``); a position that counts
+        its streams' batches (``worker_batches``) keeps that number of streams."""
+        streams = self.num_streams
+        if isinstance(position, PlanPosition) and position.worker_batches is not None:
+            streams = len(position.worker_batches)
+        return plan_epoch(self.shards, position, batch_size=self.batch_size, seed=self.seed, rank=self.rank,
+                          world_size=self.world_size, num_streams=streams, policy=self.policy,
+                          shuffle=self.shuffle, resampled=self.resampled, epoch_batches=self.epoch_batches,
+                          exact=self.exact)
 
 
 def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_streams, policy, shuffle,

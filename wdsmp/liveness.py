@@ -1,9 +1,8 @@
 """Whether a process is alive, and a child that ends with its parent: the tests behind every
 sweep of what dead processes left, and the watch that keeps a child from outliving its parent.
 
-Shard claims (``DirectoryShardList``), loader semaphores and shared-memory
-segments carry the pid of their owner; each is reclaimed only when that
-process is gone. Worker processes (FastLoader's, ``wdsmp convert``'s pool)
+Shard claims (``DirectoryShardList``) and shared-memory segments carry the
+pid of their owner; each is reclaimed only when that process is gone. Worker processes (FastLoader's, ``wdsmp convert``'s pool)
 call ``exit_with_parent`` first, so that a parent killed without a chance to
 stop them (SIGKILL, the OOM killer) leaves none of them blocked forever.
 """
@@ -34,17 +33,20 @@ def pid_alive(pid):
         return True
 
 
-def exit_with_parent():
-    """Exit this process (``os._exit(PARENT_GONE)``) as soon as its multiprocessing parent is
-    gone, wherever its main thread is blocked: a daemon thread waits on the parent's sentinel
-    (a pipe only the parent holds open, under spawn and forkserver alike), which becomes
-    readable when the parent dies. Nothing happens in a process without such a parent."""
-    import multiprocessing
+def exit_with_parent(sentinel=None):
+    """Exit this process (``os._exit(PARENT_GONE)``) as soon as its parent is gone, wherever its
+    main thread is blocked: a daemon thread waits on ``sentinel``, the read end of a pipe whose
+    write end only the parent holds, which becomes readable when the parent dies; by default
+    multiprocessing's (under fork, spawn and forkserver alike). Nothing happens in a process
+    without such a parent."""
+    if sentinel is None:
+        import multiprocessing
 
-    parent = multiprocessing.parent_process()
-    if parent is not None:
-        threading.Thread(target=_exit_when_ready, args=(parent.sentinel,), daemon=True,
-                         name="wdsmp-parent-watch").start()
+        parent = multiprocessing.parent_process()
+        if parent is None:
+            return
+        sentinel = parent.sentinel
+    threading.Thread(target=_exit_when_ready, args=(sentinel,), daemon=True, name="wdsmp-parent-watch").start()
 
 
 def _exit_when_ready(sentinel):

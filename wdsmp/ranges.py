@@ -19,7 +19,7 @@ from .tariterators import tarfile_samples
 __all__ = ["buffer_shuffled", "read_ranges"]
 
 
-def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, counts=None, stale=None):
+def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, counts=None):
     """The samples of each ``epochplan.ShardRange`` in turn: samples ``[start, stop)`` of its shard,
     opened directly or from the shard cache in ``cache_dir``.
 
@@ -35,8 +35,7 @@ def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, c
     ``counts`` (each shard's sample count by its number, those the plan was
     made from) checks them: a shard that ends before a range of it does, or
     has samples after a range that ends at its count, gets a warning naming
-    it and both counts (NOTE [stale counts]), or is given to ``stale(message)``
-    instead. Samples past the count are read, counted and dropped; samples
+    it and both counts (NOTE [stale counts]). Samples past the count are read, counted and dropped; samples
     missing are missing: the caller pads.
     """
     for shard in ranges:
@@ -64,14 +63,14 @@ def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, c
             if counts is None or shard.stop is None or counts[shard.shard] is None:
                 yield from islice(samples, shard.start, shard.stop)
             else:
-                yield from _counted(samples, shard, counts[shard.shard], damaged, stale or warnings.warn)
+                yield from _counted(samples, shard, counts[shard.shard], damaged)
         finally:
             samples.close()
 
 
-def _counted(samples, shard, count, damaged, warn):
-    """Samples ``[start, stop)`` of ``shard``, calling ``warn(message)`` when the shard has not
-    ``count`` samples.
+def _counted(samples, shard, count, damaged):
+    """Samples ``[start, stop)`` of ``shard``, with a warning when the shard has not ``count``
+    samples.
 
     NOTE [stale counts]: an index made before a shard was rewritten gives the
     plan a wrong count. The plan is what it is (every rank computed the same
@@ -93,9 +92,9 @@ def _counted(samples, shard, count, damaged, warn):
         return  # read as planned, or damaged (the handler was told), or the shortfall is another range's
     stale = f"stale sample count: shard {redacted(shard.url)!r} has {position} samples, not the {count} the epoch was planned with"
     if position > count:
-        warn(f"{stale}; its last {position - count} are skipped this epoch. Rebuild the index (wdsmp index)")
+        warnings.warn(f"{stale}; its last {position - count} are skipped this epoch. Rebuild the index (wdsmp index)")
     else:
-        warn(f"{stale}; {shard.stop - max(position, shard.start)} of the samples planned from it "
+        warnings.warn(f"{stale}; {shard.stop - max(position, shard.start)} of the samples planned from it "
              f"({shard.start}..{shard.stop - 1}) are not there, and their rows are padded with repeats "
              f"so that every rank still gets its planned batches. Rebuild the index (wdsmp index)")
 

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from pathlib import Path
 
@@ -22,11 +21,8 @@ from PIL import Image
 
 import wdsmp
 from wdsmp.errors import WorkerError
-from wdsmp.fast import loader as loader_module
-from wdsmp.fast import pool as pool_module
+from wdsmp.fast import resources as resources_module
 from wdsmp.fast.loader import Batch, FastLoader
-from wdsmp.fast.resources import Workers
-from wdsmp.fast.worker import FIRST_BATCH_BUFFER, make_first_batch
 from wdsmp.fast.ring import SHM_DIR
 from wdsmp.shardindex import write_index
 
@@ -205,7 +201,7 @@ def test_deterministic_under_a_seed(shards):
     assert run(3, 1)[0] != keys
 
 
-@pytest.mark.parametrize("start_method", ["forkserver", "fork"])
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver", "fork"])
 def test_every_start_method_gives_the_same_epoch_from_workers_that_froze_what_they_inherited(shards, start_method):
     _, index, _ = shards
     with _loader(index, keys=True, seed=3) as loader:
@@ -479,7 +475,7 @@ def test_garbage_collection_stops_workers_and_frees_the_ring(shards):
     _, index, _ = shards
     loader = _loader(index)
     next(iter(loader))
-    pids, name = _worker_pids(loader), loader._ring.name
+    pids, name = _worker_pids(loader), loader._resources.ring.name
     del loader
     gc.collect()
     assert name not in os.listdir(SHM_DIR)
@@ -512,7 +508,7 @@ _UNGUARDED = textwrap.dedent("""
 
 @pytest.mark.processes
 def test_a_script_without_main_guard_works(shards, tmp_path):
-    """Workers do not import the user's script when nothing of it is needed (NOTE [main module])."""
+    """Workers do not import the user's script when nothing of it is needed (NOTE [worker processes] in ``wdsmp/fast/pool.py``)."""
     _, index, _ = shards
     path = tmp_path / "train.py"
     path.write_text(_UNGUARDED.format(function="", label=""))
@@ -542,7 +538,7 @@ _CHILD = textwrap.dedent("""
         loader = FastLoader(sys.argv[1], 4, num_workers=2, image_size=24, start_method=sys.argv[3])
         iterator = iter(loader)
         next(iterator)
-        print(loader._ring.name, *loader._resources.workers.pids(), flush=True)
+        print(loader._resources.ring.name, *loader._resources.workers.pids(), flush=True)
         if sys.argv[2] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         while True:  # epoch after epoch, until a signal ends it
@@ -552,9 +548,9 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def _run_child(tmp_path, index, how, new_session=False, start_method="forkserver"):
+def _run_child(tmp_path, index, how, new_session=False, start_method="spawn"):
     """A child running a FastLoader; ``new_session=True`` starts it in a session (and process
-    group) of its own, which its forkserver and workers join."""
+    group) of its own, which its workers join."""
     script = tmp_path / "child.py"
     script.write_text(_CHILD)
     child = subprocess.Popen([sys.executable, str(script), index, how, start_method], stdout=subprocess.PIPE,
@@ -592,7 +588,7 @@ def test_ctrl_c_stops_workers_and_unlinks_the_ring(shards, tmp_path):
     assert ring not in os.listdir(SHM_DIR)
 
 
-@pytest.mark.parametrize("start_method", ["forkserver", "fork"])
+@pytest.mark.parametrize("start_method", ["spawn", "fork"])
 def test_workers_exit_when_the_main_process_is_killed(shards, tmp_path, start_method):
     """Under fork the later worker holds the parent's end of the earlier one's sentinel pipe: it
     exits first, and the earlier one then sees the parent gone."""
@@ -613,10 +609,9 @@ def test_workers_exit_when_the_main_process_is_killed(shards, tmp_path, start_me
 
 @pytest.mark.processes
 def test_killing_the_whole_process_group_leaves_a_ring_cleanup_removes(shards, tmp_path):
-    """SIGKILL to the group (as a job scheduler does): nobody gets to clean up, so the ring
-    and the queues' semaphores stay until the next loader's cleanup_stale() and
-    sweep_semaphores() (NOTE [ring ownership], NOTE [semaphore names])."""
-    from wdsmp.fast.pool import SEM_PREFIX, sweep_semaphores
+    """SIGKILL to the group (as a job scheduler does): nobody gets to clean up, so the ring stays
+    until the next loader's cleanup_stale() (NOTE [ring ownership]); the workers' pipes hold no
+    named semaphores, so nothing else of the loader is left in /dev/shm."""
     from wdsmp.fast.ring import cleanup_stale
 
     _, index, _ = shards
@@ -631,12 +626,8 @@ def test_killing_the_whole_process_group_leaves_a_ring_cleanup_removes(shards, t
         child.stdout.close()
     assert status == -signal.SIGKILL
     assert _gone(pids, 5)
-    semaphores = [n for n in os.listdir(SHM_DIR) if n.startswith(f"sem.{SEM_PREFIX}{child.pid}-")]
-    assert semaphores  # the dead loader's, left behind
     cleanup_stale()  # what a new FastLoader does first
-    assert sorted(set(semaphores) & set(sweep_semaphores())) == sorted(semaphores)
-    assert ring not in os.listdir(SHM_DIR)
-    assert not [n for n in os.listdir(SHM_DIR) if n.startswith(f"sem.{SEM_PREFIX}{child.pid}-")]
+    assert not [name for name in os.listdir(SHM_DIR) if str(child.pid) in name]
 
 
 def test_cuda_needs_a_gpu(shards):
@@ -668,9 +659,9 @@ def test_a_failing_stage_ends_the_stream_loudly(shards):
 
 
 @pytest.mark.parametrize("num_workers", [1, 2])
-def test_a_stage_failing_in_a_first_batch_made_together_says_how_far_the_stream_got(shards, num_workers):
-    """The warning counts the items read before the stage failed, also when the first batch is
-    made by threads (NOTE [first batch together]) and no row of it is counted yet."""
+def test_a_stage_failing_in_the_first_batch_says_how_far_the_stream_got(shards, num_workers):
+    """The warning counts the items read before the stage failed, also before any row of the
+    first batch is done."""
     urls, _, _ = shards
     with pytest.warns(UserWarning, match=r"the rest of stream 0 of epoch 0 in worker 0 is lost \(after 2 of its items\)"):
         with _loader([(urls[0], PER_SHARD)], num_workers=num_workers, shuffle=False, shuffle_buffer=0, keys=True,
@@ -679,9 +670,8 @@ def test_a_stage_failing_in_a_first_batch_made_together_says_how_far_the_stream_
 
 
 def test_a_bad_sample_is_named_before_a_stage_failing_later_in_the_same_first_batch(shards):
-    """NOTE [first batch together]: threads fill the rows read so far while reading goes on, but
-    the errors come out in the order one thread meets them (as with num_workers=1): the bad JPEG
-    of row 1, not the stage that fails at row 3."""
+    """Errors come out in the order the stream meets them: the bad JPEG of row 1, not the stage
+    that fails at row 3."""
     urls, _, _ = shards
     damaged = _damage(urls[0], "s0/001")
     with _loader([(damaged, PER_SHARD)], num_workers=2, shuffle=False, shuffle_buffer=0,
@@ -752,8 +742,8 @@ def _epoch(loader):
 
 
 def test_label_and_field_functions_are_called_from_one_thread_in_each_worker(shards, tmp_path):
-    """NOTE [first batch together]: the user's functions may keep state or not be thread-safe, so
-    rows that call them are filled by one thread, the first batch's too."""
+    """The user's functions may keep state or not be thread-safe: each worker calls them from one
+    thread."""
     _, index, labels = shards
     calls = str(tmp_path / "calls")
     with _loader(index, keys=True, label=functools.partial(label_noting_its_thread, calls)) as loader:
@@ -768,11 +758,10 @@ def test_label_and_field_functions_are_called_from_one_thread_in_each_worker(sha
 
 
 @pytest.mark.parametrize("damaged", [False, True])
-def test_a_first_batch_made_by_threads_is_the_one_a_thread_makes(shards, damaged):
-    """NOTE [first batch together]: with two workers, the first batch is filled by two threads
-    while the other worker waits; one worker running the same two streams fills it with one.
-    Keys and pixels (crops drawn from each sample's own generator) are the same, also when a
-    sample of the first batch is damaged and the handler skips it."""
+def test_one_worker_running_both_streams_of_an_epoch_makes_the_epoch_of_two(shards, damaged):
+    """An epoch begun with two workers, resumed from its start on one worker that runs both
+    streams: keys and pixels (crops drawn from each sample's own generator) are the same, also
+    when a sample of the first batch is damaged and the handler skips it."""
     urls, _, _ = shards
     table = [(url, PER_SHARD) for url in urls]
     settings = dict(keys=True, seed=5, batch_size=8, handler=wdsmp.ignore_and_continue)
@@ -878,23 +867,20 @@ def test_an_epoch_left_after_its_last_batch_keeps_its_workers_and_the_epoch_gone
         assert _worker_pids(loader) == workers
 
 
-def test_a_loader_dropped_after_an_epoch_left_after_its_last_batch_leaves_no_semaphores(shards):
-    from wdsmp.fast.pool import SEM_PREFIX
-
+@pytest.mark.parametrize("left", ["after its last batch", "mid-epoch"])
+def test_a_loader_dropped_with_its_iterator_goes_at_once_without_the_collector(shards, left):
+    """No reference cycle holds a loader: when the last reference to it and its iterators goes,
+    its workers stop and its ring is unlinked, with the cyclic collector switched off."""
     _, index, _ = shards
-    mine = f"sem.{SEM_PREFIX}{os.getpid()}-"
-    before = {n for n in os.listdir(SHM_DIR) if n.startswith(mine)}
-    gc.disable()  # what goes, goes when the last reference does
+    gc.disable()
     try:
         loader = _loader(index)
-        for _ in zip(range(len(loader)), loader):
+        pids, name = _worker_pids(loader), loader._resources.ring.name
+        batches = len(loader) if left == "after its last batch" else 2
+        for _ in zip(range(batches), loader):
             pass
         del loader
-        # A closed queue's feeder thread holds its write lock until it has finished.
-        deadline = time.monotonic() + 5
-        while {n for n in os.listdir(SHM_DIR) if n.startswith(mine)} - before and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not {n for n in os.listdir(SHM_DIR) if n.startswith(mine)} - before
+        assert name not in os.listdir(SHM_DIR) and _gone(pids, 5)
     finally:
         gc.enable()
 
@@ -961,8 +947,7 @@ def test_set_epoch_to_the_current_epoch_during_it(shards):
 
 
 def test_a_clean_exit_leaves_nothing_in_dev_shm(shards, tmp_path):
-    """A script that closes its loader and exits, the loader still referenced: multiprocessing's
-    exit finalizers unlink the queues' semaphores, and the lock file naming them goes after."""
+    """A script that closes its loader and exits, the loader still referenced."""
     _, index, _ = shards
     script = tmp_path / "script.py"
     script.write_text(
@@ -980,135 +965,63 @@ def test_a_clean_exit_leaves_nothing_in_dev_shm(shards, tmp_path):
     assert not [name for name in os.listdir(SHM_DIR) if f"-{pid}-" in name]
 
 
-def _first_batches_made_here(monkeypatch):
-    """What each ``make_first_batch`` call of the loaders returned (NOTE [first batch here]): the
-    real function, watched."""
-    made = []
-
-    def watched(*args, **kwargs):
-        made.append(make_first_batch(*args, **kwargs))
-        return made[-1]
-
-    monkeypatch.setattr(loader_module, "make_first_batch", watched)
-    return made
-
-
-@pytest.mark.parametrize("num_workers, shuffle_buffer", [(1, 0), (2, 0), (3, 20)])
-def test_a_first_batch_made_here_while_the_workers_start_gives_the_workers_epoch(shards, monkeypatch, num_workers,
-                                                                                 shuffle_buffer):
-    """NOTE [first batch here]: a fresh loader makes its first batch in this process and the worker
-    goes on after it; two epochs, their keys and pixels, are those the workers alone make."""
-    _, index, _ = shards
-    settings = dict(keys=True, seed=3, num_workers=num_workers, shuffle_buffer=shuffle_buffer)
-    made = _first_batches_made_here(monkeypatch)
-    with _loader(index, **settings) as loader:
-        here = [_epoch(loader) for _ in range(2)]
-    assert len(made) == 1 and made[0] is not None and made[0].rest.skip_batches == 1
-    monkeypatch.setattr(loader_module, "make_first_batch", lambda *args, **kwargs: None)
-    with _loader(index, **settings) as loader:
-        workers = [_epoch(loader) for _ in range(2)]
-    for (keys, pixels), (their_keys, their_pixels) in zip(here, workers):
-        assert keys == their_keys and torch.equal(pixels, their_pixels)
-    assert len(here[0][0]) == SHARDS * PER_SHARD - SHARDS * PER_SHARD % 4
-
-
-def test_a_bad_sample_in_a_first_batch_made_here_leaves_the_batch_to_the_worker(shards, monkeypatch):
-    """NOTE [first batch here]: the user's handler meets each bad sample once, in the worker, as
-    without the batch made here: a first batch with a bad sample is dropped before the handler sees it."""
-    urls, _, _ = shards
-    table = [(url, PER_SHARD) for url in urls]
-    with _loader(table, keys=True, seed=5) as loader:
-        key = next(iter(loader)).keys[2]
-    shard = int(key[1:key.index("/")])
-    table[shard] = (_damage(urls[shard], key), PER_SHARD)
-    made = _first_batches_made_here(monkeypatch)
-    with _loader(table, keys=True, seed=5, handler=wdsmp.warn_and_continue) as loader:
-        with pytest.warns(UserWarning) as caught:
-            keys, _ = _epoch(loader)
-        assert loader.stats["skipped"] == 1
-    assert made == [None] and key not in keys
-    assert len([w for w in caught if key in str(w.message)]) == 1
-
-
-@pytest.mark.parametrize("what", ["a stage", "a label function", "remote shards", "a large shuffle buffer"])
-def test_a_first_batch_is_made_here_only_where_reading_twice_changes_nothing(shards, monkeypatch, http_server, what):
-    """NOTE [first batch here]: the user's stages and label functions would run twice over the
-    batch's samples, remote shards would be fetched twice, and a large shuffle buffer held in this
-    process; the workers make those first batches."""
-    urls, _, _ = shards
-    table = [(url, PER_SHARD) for url in urls]
-    settings = {"a stage": dict(stages=[wdsmp.select(keep_even)]), "a label function": dict(label=label_plus_one),
-                "remote shards": {}, "a large shuffle buffer": dict(shuffle_buffer=FIRST_BATCH_BUFFER + 1)}[what]
-    if what == "remote shards":
-        for url in urls:
-            http_server.put_file(os.path.basename(url), Path(url).read_bytes())
-        table = [(http_server.url(os.path.basename(url)), PER_SHARD) for url in urls]
-    made = _first_batches_made_here(monkeypatch)
-    with _loader(table, **settings) as loader:
-        assert next(iter(loader)).count == 4
-    assert made == [None]
-
-
 @pytest.mark.parametrize("loaded", [False, True])
 def test_an_iter_whose_workers_fail_to_start_is_run_again_by_the_next(shards, monkeypatch, loaded):
-    """A first batch made here, then the workers' start failing (a fork refused, Ctrl-C): the
-    tasks already queued go with that generation (its queues drained: a task carrying a row
-    would block its feeder thread), and the next ``iter()`` runs the same epoch, or the same
-    loaded state, whole. (160-pixel rows: a row over the 64 KiB a pipe holds.)"""
+    """An epoch left unfinished, then new workers failing to start at the next iter() (a fork
+    refused, Ctrl-C): the iter() after that runs the same epoch, or the same loaded state, whole."""
     _, index, _ = shards
-    with _loader(index, keys=True, seed=3, image_size=160) as loader:
+    with _loader(index, keys=True, seed=3) as loader:
         state = loader.state_dict()
         expected, _ = _epoch(loader)
-    real_start, failures = Workers.start, []
+    real_workers, failures = resources_module.Workers, []
 
-    def failing_once(self, background=False, then=None):  # at the call, also where the rest would go to a thread
+    def failing_once(*args, **kwargs):
         if not failures:
-            failures.append(self)
+            failures.append(1)
             raise OSError(11, "Resource temporarily unavailable")
-        real_start(self, background, then)
+        return real_workers(*args, **kwargs)
 
-    monkeypatch.setattr(Workers, "start", failing_once)
-    with _loader(index, keys=True, seed=3, image_size=160) as loader:
+    with _loader(index, keys=True, seed=3) as loader:
+        next(iter(loader))  # left unfinished: the next iter() starts new workers
+        loader.set_epoch(0)
         if loaded:
             loader.load_state_dict(state)
-        with pytest.raises(OSError):
+        before = loader.state_dict()
+        monkeypatch.setattr(resources_module, "Workers", failing_once)
+        with pytest.raises(OSError, match="Resource temporarily unavailable"):
             iter(loader)
-        assert failures[0].broken and loader.state_dict() == state
+        assert failures and loader.state_dict() == before
         keys, _ = _epoch(loader)
     assert keys == expected
-    assert not [q for q in failures[0].tasks if q._thread is not None and q._thread.is_alive()]
 
 
-def test_workers_failing_to_start_behind_a_first_batch_made_here_end_the_epoch_with_why(shards, monkeypatch):
-    """NOTE [first batch here]: the workers start in a thread as the loop takes the first batch;
-    a start that fails there (a fork refused) fails the next batch with a WorkerError naming the
-    cause, as a worker that died would, and leaves nothing behind: the state after the first
-    batch resumes the epoch exactly, and the next iter() runs on new workers."""
+@pytest.mark.processes
+def test_a_function_of_an_interactive_session_is_refused_at_construction(shards):
+    """No worker could import ``__main__`` of ``python -c`` (or a notebook): said at once, with the
+    ways out, rather than as a worker dying at the first batch."""
     _, index, _ = shards
-    with _loader(index, keys=True, seed=3) as loader:
-        expected, _ = _epoch(loader)
-    real_pool, failures = pool_module.WorkerPool, []
+    code = textwrap.dedent(f"""
+        import wdsmp
+        def label(sample):
+            return 1
+        try:
+            wdsmp.FastLoader({index!r}, 4, num_workers=1, image_size=8, label=label)
+        except ValueError as exn:
+            print(exn)
+        with wdsmp.FastLoader({index!r}, 4, num_workers=1, image_size=8, label=label, start_method="fork") as loader:
+            print(len(list(loader)))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    message, batches = result.stdout.strip().splitlines()
+    assert "defined in an interactive session" in message and "start_method='fork'" in message
+    assert batches == str(SHARDS * PER_SHARD // 4)
 
-    def refused_once(*args, **kwargs):
-        if not failures:
-            failures.append(threading.current_thread().name)
-            raise OSError(11, "Resource temporarily unavailable")
-        return real_pool(*args, **kwargs)
 
-    monkeypatch.setattr(pool_module, "WorkerPool", refused_once)
-    made = _first_batches_made_here(monkeypatch)
-    with _loader(index, keys=True, seed=3) as loader:
-        batches = iter(loader)
-        first = next(batches).keys
-        state = loader.state_dict()
-        generation = loader._resources.workers
-        with pytest.raises(WorkerError, match="failed to start, after a first batch made in this process: .*"
-                                              "Resource temporarily unavailable; epoch 0 cannot") as caught:
-            next(batches)
-        assert isinstance(caught.value.__cause__, OSError)
-        assert generation.broken and failures == ["wdsmp-start-workers"] and made[0] is not None
-        assert len(list(loader)) == len(loader)  # the next epoch, on new workers
-        assert not [q for q in generation.tasks if q._thread is not None and q._thread.is_alive()]
-        loader.load_state_dict(state)
-        keys, _ = _epoch(loader)
-    assert first + keys == expected
+def test_a_function_that_does_not_pickle_is_refused_at_construction_with_the_ways_out(shards):
+    _, index, _ = shards
+    with pytest.raises(TypeError, match="must pickle, to reach their processes .*define functions at module level "
+                                        r".*start_method='fork'"):
+        _loader(index, label=lambda sample: 1)
+    with _loader(index, label=lambda sample: 1, start_method="fork") as loader:
+        assert {int(label) for batch in loader for label in batch.labels} == {1}

@@ -167,7 +167,7 @@ def test_a_slow_download_is_not_a_stall(tmp_path, http_server):
         assert _keys(loader) == [f"k/{i:03d}" for i in range(6)]
 
 
-# -- /dev/shm shared with other PID namespaces, and too small
+# -- /dev/shm shared with other PID namespaces
 
 
 def _unshare_works(*flags):
@@ -184,8 +184,7 @@ _FIRST = textwrap.dedent("""
         loader = FastLoader([(sys.argv[1], int(sys.argv[2]))], 4, num_workers=2, image_size=16, shuffle=False)
         iterator = iter(loader)
         next(iterator)
-        mine = [n for n in os.listdir("/dev/shm") if n.startswith(f"sem.wdsmp-sem-{os.getpid()}-")]
-        print(loader._ring.name, *mine, flush=True)
+        print(loader._resources.ring.name, flush=True)
         sys.stdin.readline()  # another loader comes and goes meanwhile
         print("batches", 1 + len(list(iterator)), len(loader), flush=True)
         loader.close()
@@ -204,22 +203,22 @@ _SECOND = textwrap.dedent("""
 @pytest.mark.skipif(not _unshare_works("--pid", "--fork", "--mount-proc"),
                     reason="needs unshare --pid (root, or user namespaces)")
 @pytest.mark.processes
-def test_a_loader_in_another_pid_namespace_leaves_this_ones_semaphores_and_ring(shard, tmp_path):
+def test_a_loader_in_another_pid_namespace_leaves_this_ones_ring(shard, tmp_path):
     """Containers on one host share /dev/shm but not pids: to a loader in a new PID namespace
-    every pid of ours is dead (or another process's). Its sweep must go by the owner's lock."""
+    every pid of ours is dead (or another process's). Its clean-up must go by the owner's lock."""
     (tmp_path / "first.py").write_text(_FIRST)
     (tmp_path / "second.py").write_text(_SECOND)
     first = subprocess.Popen([sys.executable, str(tmp_path / "first.py"), shard, str(PER_SHARD)],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        ring, *semaphores = first.stdout.readline().split()
-        assert semaphores and all(os.path.exists(f"/dev/shm/{name}") for name in [ring, *semaphores])
+        ring = first.stdout.readline().strip()
+        assert os.path.exists(f"/dev/shm/{ring}")
         second = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable,
                                  str(tmp_path / "second.py"), shard, str(PER_SHARD)],
                                 capture_output=True, text=True, timeout=180)
         assert second.returncode == 0, second.stderr[-3000:]
         assert second.stdout.split() == ["pid", "1"]  # it ran in a PID namespace of its own
-        assert all(os.path.exists(f"/dev/shm/{name}") for name in [ring, *semaphores])
+        assert os.path.exists(f"/dev/shm/{ring}")
         out, err = first.communicate("go on\n", timeout=180)
     finally:
         if first.poll() is None:
@@ -227,79 +226,3 @@ def test_a_loader_in_another_pid_namespace_leaves_this_ones_semaphores_and_ring(
             first.communicate()
     assert first.returncode == 0, err[-3000:]
     assert out.split() == ["batches", "6", "6"] and "Traceback" not in err, err[-3000:]
-
-
-_NO_ROOM = textwrap.dedent("""
-    import errno, os, sys
-    from wdsmp.fast.loader import FastLoader
-    if __name__ == "__main__":
-        loader = FastLoader([(sys.argv[1], 24)], 4, num_workers=1, prefetch=1, image_size=16)  # the ring fits
-        try:
-            iter(loader)
-        except OSError as exn:
-            print(exn.errno == errno.ENOSPC, exn, flush=True)
-        loader.close()
-        print(*sorted(os.listdir("/dev/shm")), flush=True)
-""")
-
-
-@pytest.mark.processes
-@pytest.mark.skipif(not _unshare_works("--mount"), reason="needs unshare --mount (root) to mount a small /dev/shm")
-def test_no_room_for_the_semaphores_says_what_is_full_and_how_much_is_needed(shard, tmp_path):
-    """A /dev/shm of 32 KiB (a private mount, in a mount namespace of the child's own) holds the
-    ring (8 KiB) but not the queues' semaphores (a page each)."""
-    (tmp_path / "no_room.py").write_text(_NO_ROOM)
-    result = subprocess.run(["unshare", "--mount", "sh", "-c", 'mount -t tmpfs -o size=32k tmpfs /dev/shm && '
-                             'exec "$0" "$@"', sys.executable, str(tmp_path / "no_room.py"), shard],
-                            capture_output=True, text=True, timeout=180)
-    assert result.returncode == 0, result.stderr[-3000:]
-    error, left = result.stdout.splitlines()
-    assert re.fullmatch(r"True \[Errno 28\] /dev/shm is full: it holds 32 KiB, and after the loader's ring and "
-                        r"what else is there it has no room for the 14 semaphores of the queues of 1 workers, one "
-                        r"page each \(56 KiB in all\); free some of /dev/shm, use fewer workers, or enlarge it "
-                        r"\(docker run --shm-size=...\)", error), error
-    assert all(re.fullmatch(r"wdsmp-sem-\d+-[0-9a-f]{8}\.lock", name) for name in left.split())  # held till exit
-
-
-def test_a_stale_count_met_by_the_first_batch_is_warned_about_once(shard, monkeypatch):
-    """NOTE [first batch here]: a first batch made in this process that meets a stale count leaves
-    the batch to the worker, which warns; the shard's end is not announced twice."""
-    from wdsmp.fast import loader as loader_module
-    from wdsmp.fast.worker import make_first_batch
-
-    made = []
-    monkeypatch.setattr(loader_module, "make_first_batch", lambda *a, **k: made.append(make_first_batch(*a, **k)))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        with _loader([(shard, 40)], keys=True, batch_size=32) as loader:
-            keys = _keys(loader)
-    stale = [str(w.message) for w in caught if "stale sample count" in str(w.message)]
-    assert made == [None] and len(stale) == 1, stale
-    assert keys[:PER_SHARD] == [f"k/{i:03d}" for i in range(PER_SHARD)] and len(keys) == 32  # the rest padded
-
-
-def test_a_stale_count_past_a_first_batch_made_here_is_padded_as_the_workers_pad_it(tmp_path, monkeypatch):
-    """NOTE [first batch here]: the first batch ends on the shard's real end, so only the worker
-    meets the stale count; it pads with the last row of the batch made here, as it would with
-    the last row of its own."""
-    from wdsmp.fast import loader as loader_module
-    from wdsmp.fast.worker import make_first_batch
-
-    url = _shard(tmp_path / "eight.tar", count=8)
-    epochs, made = [], []
-    for here in (True, False):
-        watched = lambda *a, **k: made.append(make_first_batch(*a, **k)) or made[-1]  # noqa: E731
-        monkeypatch.setattr(loader_module, "make_first_batch", watched if here else lambda *a, **k: None)
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with _loader([(url, 16)], keys=True, batch_size=8) as loader:
-                batches = [(batch.keys, batch.images.clone()) for batch in loader]
-                padded = loader.stats["padded"]
-        stale = [w for w in caught if "stale sample count" in str(w.message)]
-        epochs.append((batches, padded, len(stale)))
-    (here, here_padded, here_stale), (workers, workers_padded, workers_stale) = epochs
-    assert [keys for keys, _ in here] == [keys for keys, _ in workers] == [[f"k/{i:03d}" for i in range(8)],
-                                                                            ["k/007"] * 8]
-    assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(here, workers))
-    assert here_padded == workers_padded == 8 and here_stale == workers_stale == 1
-    assert len(made) == 1 and made[0] is not None and made[0].last_row is not None

@@ -174,9 +174,8 @@ def test_stage_figures_add_up_to_the_workers_busy_time_and_name_decoding(tmp_pat
     assert stages["other"]["seconds"] == pytest.approx(busy - measured)
     assert figures["workers"][0]["busy_s"] == busy and figures["workers"][0]["images"] == 48
     assert stages["decode"]["ms_per_image"] == pytest.approx(stages["decode"]["seconds"] * 1e3 / 48)
-    # Each shard opened by the worker, and once before by the first batch made in this process,
-    # whose shuffle buffer of 256 reads both (NOTE [first batch here]); each image decoded once.
-    assert figures["decode"]["jpeg"] == 48 and figures["shards"]["opened"] == 4
+    # Each shard opened once, each image decoded once.
+    assert figures["decode"]["jpeg"] == 48 and figures["shards"]["opened"] == 2
     assert figures["decode"]["region"] == (48 if wdsmp.native.jpeg_region_available() else 0)
     assert figures["bottleneck"].startswith("decode-bound: workers busy "), figures
 

@@ -103,3 +103,25 @@ def fail_in_the_second_epoch(samples):
     finally:
         if first and seen == 32:
             time.sleep(1)
+
+
+def report_environment(inbox, outbox, tag):
+    """A ``WorkerPool`` target: sends what the worker process found (its sys.path and sys.argv,
+    whether torch or the parent's script were imported, a script's own flag), then echoes what
+    it receives until the pipe closes."""
+    import sys
+
+    main = sys.modules.get("__mp_main__")
+    outbox.send({"tag": tag, "sys.path": sys.path, "sys.argv": sys.argv, "torch": "torch" in sys.modules,
+                 "script": getattr(main, "SCRIPT_FLAG", None)})
+    while True:
+        try:
+            outbox.send(inbox.recv())
+        except EOFError:
+            return
+
+
+def exit_with(inbox, outbox, code):
+    """A ``WorkerPool`` target: says goodbye, then exits with ``code``."""
+    outbox.send("goodbye")
+    os._exit(code)

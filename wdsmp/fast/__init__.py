@@ -6,7 +6,7 @@ each. The epoch plan it follows (``wdsmp/epochplan.py``) and the range reader
 (``wdsmp/ranges.py``) serve the reference path's ``ExactSamples`` too, so they live below both.
 
 ``Batch`` and ``FastLoader`` are imported on first use: the worker processes import
-``wdsmp.fast.worker`` and not the front end (NOTE [light workers] in ``pool.py``).
+``wdsmp.fast.worker`` and not the front end (NOTE [worker processes] in ``pool.py``).
 """
 
 __all__ = ["Batch", "FastLoader"]

@@ -1,6 +1,54 @@
-"""Delivering one epoch's batches in order, from the workers' messages; see NOTE [loader protocol]
-in ``loader.py``, whose ``FastLoader`` creates an ``EpochIterator`` for each ``iter()`` and
-``transfer.CudaLoader`` drives it batch by batch.
+"""Delivering one epoch's batches in order, from the workers' messages: ``Delivery`` owns an
+epoch's state, ``EpochIterator`` is what ``iter(loader)`` returns (``transfer.CudaLoader`` drives
+the same ``Delivery`` batch by batch).
+
+NOTE [loader protocol]
+    * Pipes: each worker has a pipe from the loader (its ``EpochTask`` of each
+      epoch, the slots given back, ``Stop``) and one to the loader
+      (``Reading``, ``BatchReady``, ``WorkerDone``, ``WorkerFailed``,
+      ``WorkerWarning``: warnings are issued again in the main process). Each
+      pipe keeps its messages in order; the loader waits on all the pipes at
+      once (``multiprocessing.connection.wait``). What the loader sends is a
+      few bytes and never more than a worker's slots and two tasks, so its
+      sends never block.
+    * Slots belong to workers: worker w owns ``prefetch`` slots, and a slot
+      the loader is done with goes back to its owner. Batches are delivered
+      in a fixed order (below), so with one shared free list the fast
+      workers could take every slot while the loader waits for a slow
+      worker's batch, which then has nowhere to go: a deadlock. Owned slots
+      rule it out; the ring has ``prefetch * num_workers`` slots.
+    * Order: the next batch comes from the stream (a worker's part of the
+      plan), among those not finished, that has delivered the fewest batches
+      (the lowest index first). With known counts that is the plan's round
+      robin, batch k from stream k % W (NOTE [plan: exactly once, equal
+      batches]); with unknown counts it is round robin skipping finished
+      streams. It depends only on the counts delivered, so a resumed epoch
+      continues in the same order, also on another number of workers: a
+      worker then runs several streams, making their batches in this order.
+    * Waiting: every wait has a short timeout after which the workers'
+      liveness is checked: a worker that died is reported within a second,
+      naming its exit code or signal, and the awaited worker's signs of life
+      are sampled (NOTE [stalled workers]).
+    * Workers persist across epochs. An epoch left unfinished (``break``,
+      an error, a new ``iter()``) stops them, and the next epoch starts new
+      ones: their slots and pipes are in an unknown state. An epoch whose
+      batches were all handed out is finished, also when its end was never
+      asked for (``zip(range(len(loader)), loader)``): the next ``iter()``
+      takes the workers' end-of-epoch messages first (``Delivery.leave``).
+
+NOTE [next epoch ahead]
+    With known sample counts the loader knows which batch is an epoch's last.
+    When that batch is taken from its worker, every worker has its whole part
+    of the epoch made or under way, and the loader sends the next epoch's
+    tasks right behind (epoch + 1, unless ``set_epoch`` or ``load_state_dict``
+    asked for another). Each worker takes its task as it finishes the epoch
+    before, so the next epoch's first batches are made while the training
+    loop works on the last ones, as DataLoader's prefetching does within an
+    epoch. A worker's messages of the next epoch come after its end of this
+    one in its pipe, so this epoch stops listening to a worker once it has
+    ended its streams, and the next ``Delivery`` reads on from there. If the
+    next ``iter()`` asks for another epoch than the one sent ahead, the
+    workers are stopped and new ones start, as for an epoch left unfinished.
 
 NOTE [stalled workers]
     A worker that is stopped (SIGSTOP), blocked in a read that never returns
@@ -23,125 +71,75 @@ NOTE [stalled workers]
 
 import time
 import warnings
-import weakref
-from queue import Empty
 from time import perf_counter_ns
 
 from .._redact import redacted
 from ..errors import WorkerError
-from . import pool as _pool
 from .messages import BatchReady, Reading, WorkerDone, WorkerFailed, WorkerWarning
+from .pool import EOF, describe_exit
 
-__all__ = ["DeliveryState", "EpochIterator"]
+__all__ = ["Delivery", "EpochIterator"]
 
 _POLL = 0.5  # seconds between liveness checks while waiting for a batch
 
 
-class DeliveryState:
-    """How far an epoch's delivery got, shared by its iterator and the loader. The loader keeps
-    this, not the iterator, which a ``for`` loop left with ``break`` drops: the loader must
-    still know that the epoch was left unfinished (``abandon``) and where it stood (``state_dict``)."""
-
-    def __init__(self, plan, workers):
-        self.epoch = plan.epoch
-        # Weak: the loader keeps this state after close(), and the workers' queues (named
-        # semaphores in /dev/shm) should go with the loader's own reference.
-        self.workers = weakref.ref(workers)
-        # Per stream of the plan (NOTE [plan: exactly once, equal batches]):
-        self.delivered = [stream.skip_batches for stream in plan.streams]  # taken off the queue
-        self.handed = list(self.delivered)  # given to the user (``.cuda()`` takes some ahead)
-        # Items of each sample stream behind the handed batches (BatchReady.consumed).
-        self.consumed = [stream.consumed if stream.consumed is not None else stream.skip_batches * plan.batch_size
-                         for stream in plan.streams]
-        self.finished = False  # no more batches will come
-        self.complete = False  # ... and all were handed out: ``state_dict`` moves to the next epoch
-        # Set while every batch is off the queue but the end was not asked for: takes the
-        # workers' end-of-epoch messages as the end would have (``leave``).
-        self.settle = None
-
-    def hand(self, message):
-        self.handed[message.stream] += 1
-        self.consumed[message.stream] = message.consumed
-        self.complete = self.finished and self.handed == self.delivered
-
-    @property
-    def handed_out(self):
-        """Whether every batch of the epoch went to the user: it ended, or its end was never
-        asked for after its last batch (``settle`` is set): ``state_dict`` moves to the next epoch."""
-        return self.complete or (self.settle is not None and self.handed == self.delivered)
-
-    def leave(self):
-        """The next ``iter()`` comes: an epoch whose batches were all handed out, its end never
-        asked for (``zip(range(len(loader)), loader)``), is ended as its end would have ended
-        it, and its workers go on with the next epoch; any other is abandoned."""
-        settle, ready = self.settle, self.handed_out and not self.finished
-        self.settle = None
-        if ready:
-            try:
-                settle()
-            except Exception as exn:  # every batch was handed out: the next epoch gets new workers
-                warnings.warn(f"epoch {self.epoch} failed after its last batch ({exn}); the next epoch "
-                              f"starts new workers", RuntimeWarning, stacklevel=3)
-        self.abandon()
-
-    def abandon(self):
-        """End the epoch before its end: its workers stop, and the next epoch starts new ones."""
-        self.settle = None
-        if not self.finished:
-            self.finished = True
-            workers = self.workers()
-            if workers is not None:  # else shut down and gone already
-                workers.shutdown()
-
-
-class EpochIterator:
-    """Delivers one epoch's batches in order (NOTE [loader protocol]); ``start`` (an
-    ``epochstart.EpochStart``) sent the workers their tasks, and holds some back until the
-    first batch is announced; ``start.streams[w]`` are the streams worker w runs (interleaved
-    in this same order). ``ahead``: a weak reference (``weakref.WeakMethod``) to the loader's
-    function that, called with this epoch's number once its last batch is taken off the queue,
-    sends the next epoch's tasks and returns their ``EpochStart``, or None (NOTE [next epoch
-    ahead] in ``epochstart.py``).
+class Delivery:
+    """One epoch's delivery (NOTE [loader protocol]): the batches of ``plan`` (an ``EpochPlan``),
+    made by ``workers`` (``resources.Workers``, their tasks sent), where ``streams[w]`` are the
+    streams worker w runs.
 
     Its collaborators, all the loader's: ``resources`` (``resources.LoaderResources``: the ring
     and whether the loader is still open), ``slots`` (``batches.SlotTensors``: a message's slot
     as a ``Batch``), ``stats`` (``stats.LoaderStats``), ``timeout`` (seconds without a batch
-    before a ``TimeoutError``; None waits as long as the workers live) and ``stall_timeout``
+    before a ``TimeoutError``; None waits as long as the workers live), ``stall_timeout``
     (seconds the awaited worker may show no sign of life before a ``WorkerError``; NOTE
-    [stalled workers])."""
+    [stalled workers]) and ``ahead``, a weak reference (``weakref.WeakMethod``) to the loader's
+    function that sends the next epoch's tasks once this one's last batch is taken (NOTE [next
+    epoch ahead]).
 
-    def __init__(self, start, *, resources, slots, stats, timeout=None, stall_timeout=None, ahead=None):
-        self.start, self.workers, self.plan, self.streams = start, start.workers, start.plan, start.streams
-        self.resources, self.slots, self.stats, self.timeout = resources, slots, stats, timeout
-        self.stall_timeout = stall_timeout
+    Where the epoch stands, for ``state_dict``: ``handed`` (each stream's batches given to the
+    user), ``consumed`` (each stream's items behind them), ``handed_out`` (all of them)."""
+
+    def __init__(self, plan, workers, streams, *, resources, slots, stats, timeout=None, stall_timeout=None,
+                 ahead=None):
+        self.plan, self.workers, self.streams = plan, workers, streams
+        self.resources, self.slots, self.stats = resources, slots, stats
+        self.timeout, self.stall_timeout, self.ahead = timeout, stall_timeout, ahead
+        self.owner = {s: w for w, mine in enumerate(streams) for s in mine}
+        # Per stream of the plan (NOTE [plan: exactly once, equal batches]):
+        self.delivered = [stream.skip_batches for stream in plan.streams]  # taken from the workers
+        self.handed = list(self.delivered)  # given to the user (``.cuda()`` takes some ahead)
+        # Items of each sample stream behind the handed batches (BatchReady.consumed).
+        self.consumed = [stream.consumed if stream.consumed is not None else stream.skip_batches * plan.batch_size
+                         for stream in plan.streams]
+        self.total = [None] * plan.num_streams  # each stream's batch count, once it is done
+        self.pending = {}  # (stream, index) -> its BatchReady, arrived ahead of its turn
+        self.held = None  # the BatchReady whose slot the user holds (NOTE [batch lifetime])
+        self.all_taken = False  # every planned batch taken from the workers (known counts only)
+        self.finished = False  # no more batches will come
+        self.complete = False  # ... and all were handed out: ``state_dict`` moves to the next epoch
         self.reading = {}  # worker -> the shard it said it reads
         self.activity = {}  # worker -> (its last activity snapshot, when that was first seen)
         self.checked = time.monotonic()  # the last liveness check
-        self.owner = {s: w for w, mine in enumerate(self.streams) for s in mine}
-        self.state = DeliveryState(self.plan, self.workers)
-        self.delivered = self.state.delivered
-        self.total = [None] * self.plan.num_streams  # each stream's batch count, once it is done
-        self.pending = {}
-        self.held = None
-        self.ahead = ahead  # until called; then the next epoch's EpochStart, or None
-        self.next_start = None
-        # Taken before the ready queue, at the first ``next()``: a failure among them is raised
-        # there, as any failure of the epoch, once the loader holds this epoch's state.
-        self.early, start.early = start.early, []
 
     @property
-    def finished(self):
-        return self.state.finished
+    def epoch(self):
+        return self.plan.epoch
 
-    def __iter__(self):
-        return self
+    @property
+    def handed_out(self):
+        """Whether every batch of the epoch went to the user (its end asked for or not):
+        ``state_dict`` moves to the next epoch."""
+        return self.complete or (self.all_taken and self.handed == self.delivered)
 
     def __len__(self):
         if self.plan.remaining is None:
             raise TypeError("the batch count of an epoch with unknown sample counts is unknown")
         return self.plan.batches_per_rank - sum(self.delivered)
 
-    def __next__(self):
+    def next_batch(self):
+        """The next batch on the CPU (a ``Batch`` of views of its slot, NOTE [batch lifetime]); the
+        slot of the one before goes back to its worker."""
         self.stats.returned()
         if self.held is not None:
             self.release(self.held)
@@ -157,8 +155,8 @@ class EpochIterator:
         return batch
 
     def next_message(self):
-        """The next ``BatchReady`` in delivery order; the caller must ``release`` it, and
-        ``hand`` it when its batch goes to the user."""
+        """The next ``BatchReady`` in delivery order; the caller must ``release`` it, and ``hand``
+        it when its batch goes to the user."""
         if self.finished:
             raise StopIteration
         self.resources.check_open()
@@ -168,40 +166,57 @@ class EpochIterator:
             if stream is None:
                 self._finish()
                 raise StopIteration
-            worker = self.owner[stream]
             message = self.pending.pop((stream, self.delivered[stream]), None)
             if message is not None:
                 break
-            self._receive(worker, started)
+            self._receive(self.owner[stream], started)
         self.delivered[stream] += 1
         self.stats.add_batch(message, perf_counter_ns() - waiting, self.plan.epoch)
-        if self.ahead is not None and self._last_batch_delivered():
-            method, self.ahead = self.ahead(), None  # NOTE [next epoch ahead] in epochstart.py
-            self.next_start = None if method is None else method(self.plan.epoch)
-            self.state.settle = self._settle
+        if not self.all_taken and self._last_batch_delivered():
+            self.all_taken = True
+            send_ahead = None if self.ahead is None else self.ahead()  # NOTE [next epoch ahead]
+            if send_ahead is not None:
+                send_ahead(self.plan.epoch)
         return message
 
-    def _settle(self):
-        """Take the rest of this epoch's messages, its batches all delivered (``DeliveryState.leave``)."""
-        try:
-            self.next_message()
-        except StopIteration:
-            return
-        raise RuntimeError("a batch beyond the epoch's planned count")  # the plan says none can come
-
     def _last_batch_delivered(self):
-        """Whether every stream's planned batches are off the queue (known counts only)."""
+        """Whether every stream's planned batches are taken (known counts only)."""
         return all(stream.num_batches is not None and self.delivered[s] >= stream.num_batches
                    for s, stream in enumerate(self.plan.streams))
 
     def hand(self, message):
         """The batch of ``message`` goes to the user now: ``state_dict`` counts it as seen."""
-        self.state.hand(message)
+        self.handed[message.stream] += 1
+        self.consumed[message.stream] = message.consumed
+        self.complete = self.finished and self.handed == self.delivered
 
     def release(self, message):
         """Give the slot of ``message`` back to the worker that filled it."""
-        if not self.workers.broken:
-            self.workers.free[message.worker].put(message.slot)
+        self.workers.release(message.slot)
+
+    def leave(self):
+        """The next ``iter()`` comes (or the loader closes): an epoch whose batches were all handed
+        out, its end never asked for (``zip(range(len(loader)), loader)``), is ended as its end
+        would have ended it, and its workers go on with the next epoch; any other is abandoned."""
+        if not self.finished and self.handed_out and not self.resources.closed:
+            try:
+                self.next_message()
+            except StopIteration:
+                return
+            except Exception as exn:  # every batch was handed out: the next epoch gets new workers
+                warnings.warn(f"epoch {self.plan.epoch} failed after its last batch ({exn}); the next epoch "
+                              f"starts new workers", RuntimeWarning, stacklevel=3)
+            else:  # the plan says none can come
+                warnings.warn(f"epoch {self.plan.epoch} has a batch beyond its planned count; the next epoch "
+                              f"starts new workers", RuntimeWarning, stacklevel=3)
+        self.abandon()
+
+    def abandon(self):
+        """End the epoch before its end: its workers stop, and the next epoch starts new ones."""
+        self.held = None
+        if not self.finished:
+            self.finished = True
+            self.workers.shutdown()
 
     def _next_stream(self):
         """The unfinished stream that delivered the fewest batches (the lowest number first);
@@ -214,44 +229,32 @@ class EpochIterator:
         stream = self._next_stream()
         return None if stream is None else self.owner[stream]
 
-    def _receive(self, waiting_for, started):
-        """Take one message (this epoch's early ones first, then off the ready queue); raise when a
-        worker failed, died, stalled or timed out (checked at least every ``_POLL`` seconds, also
-        while other workers' messages keep coming)."""
-        if self.early:  # they came off the ready queue first
-            self._dispatch(self.early.pop(0))
-            return
-        starts = [start for start in (self.start, self.next_start) if start is not None]
-        wait = min(start.wait(_POLL) for start in starts)
-        try:
-            message = self.workers.ready.get(timeout=wait)
-        except Empty:
-            message = None
-        if message is not None:
-            self._dispatch(message)
-        for start in starts:
-            start.tick()
-        if message is None or time.monotonic() - self.checked >= _POLL:
-            self.checked = time.monotonic()
-            self._check_workers(waiting_for, started)
-
     def _worker_done(self, worker):
         """Whether ``worker`` has ended all its streams of this epoch (its later messages and its
         exit belong to the next epoch)."""
         return all(self.total[s] is not None for s in self.streams[worker])
 
-    def _dispatch(self, message):
-        self.activity.pop(message.worker, None)  # a message is a sign of life
-        later = self.next_start is not None and not isinstance(message, WorkerWarning) and (
-            getattr(message, "epoch", None) == self.next_start.epoch
-            or (not hasattr(message, "epoch") and self._worker_done(message.worker)))
-        if later:  # NOTE [next epoch ahead] in epochstart.py
-            self.next_start.early.append(message)
-            self.next_start.note(message)
-            return
-        self.start.note(message)
-        if isinstance(message, Reading):
-            self.reading[message.worker] = message.shard
+    def _listening(self):
+        return [w for w in range(len(self.streams)) if not self._worker_done(w)]
+
+    def _receive(self, waiting_for, started):
+        """Take the messages waiting (for up to ``_POLL`` seconds, for the first); raise when a
+        worker failed, died, stalled or timed out (checked at least every ``_POLL`` seconds, also
+        while other workers' messages keep coming)."""
+        received = self.workers.pool.receive(self._listening(), _POLL)
+        for worker, message in received:
+            self._dispatch(worker, message)
+        if not received or time.monotonic() - self.checked >= _POLL:
+            self.checked = time.monotonic()
+            self._check_workers(waiting_for, started)
+
+    def _dispatch(self, worker, message):
+        self.activity.pop(worker, None)  # a message is a sign of life
+        if message is EOF:  # it exited: its last words were read before
+            self.workers.pool.join(worker, 1.0)
+            self._check_processes(worker)
+        elif isinstance(message, Reading):
+            self.reading[worker] = message.shard
         elif isinstance(message, BatchReady):
             self.pending[(message.stream, message.index)] = message
         elif isinstance(message, WorkerDone):
@@ -263,14 +266,7 @@ class EpochIterator:
             self._fail(message.to_error())
 
     def _check_workers(self, waiting_for, started):
-        if self.workers.start_failure is not None:
-            failure = self.workers.start_failure
-            error = WorkerError(f"the loader workers failed to start, after a first batch made in this process: "
-                                f"{type(failure).__name__}: {failure}; epoch {self.plan.epoch} cannot be completed")
-            error.__cause__ = failure
-            self._fail(error)
-        if self.workers.pool is not None:  # None while they start (NOTE [first batch here] in worker.py)
-            self._check_processes(waiting_for)
+        self._check_processes(waiting_for)
         timeout = self.timeout
         if timeout is not None and time.monotonic() - started > timeout:
             stream = self._next_stream()
@@ -279,18 +275,18 @@ class EpochIterator:
 
     def _check_processes(self, waiting_for):
         # A worker that ended its part of this epoch and died after is the next epoch's to report.
-        if any(not self._worker_done(w) for w, _ in self.workers.pool.dead()):
-            while True:  # a worker that failed has sent why before it exited
-                try:
-                    self._dispatch(self.workers.ready.get(timeout=_POLL))
-                except Empty:
+        pool = self.workers.pool
+        dead = [(w, code) for w, code in pool.dead() if not self._worker_done(w)]
+        for worker, _ in dead:  # a worker that failed has said why before it exited
+            while True:
+                received = pool.receive([worker], 0.0)
+                if not received or received[0][1] is EOF:
                     break
-        dead = [(w, code) for w, code in self.workers.pool.dead() if not self._worker_done(w)]
+                self._dispatch(worker, received[0][1])
         if dead:
             worker, code = dead[0]
-            pid = self.workers.pool.pids()[worker]
-            self._fail(WorkerError(f"loader worker {worker} (pid {pid}) died with {_pool.describe_exit(code)} "
-                                   f"during epoch {self.plan.epoch}, after delivering "
+            self._fail(WorkerError(f"loader worker {worker} (pid {pool.pids()[worker]}) died with "
+                                   f"{describe_exit(code)} during epoch {self.plan.epoch}, after delivering "
                                    f"{sum(self.delivered[s] for s in self.streams[worker])} batches; "
                                    f"the epoch cannot be completed"))
         if self.stall_timeout is not None:
@@ -320,14 +316,32 @@ class EpochIterator:
             f"higher, or None to wait for ever"))
 
     def _fail(self, error):
-        self.held = None
-        self.state.abandon()
+        self.abandon()
         raise error
 
     def _finish(self):
-        self.state.settle = None
-        self.state.finished = True
-        self.state.complete = self.state.handed == self.state.delivered
+        self.finished = True
+        self.complete = self.handed == self.delivered
         if self.held is not None:
             self.release(self.held)
             self.held = None
+
+
+class EpochIterator:
+    """What ``iter(loader)`` returns: the batches of one epoch (``delivery``, a ``Delivery``).
+    It holds the loader, so that ``for batch in FastLoader(...)`` keeps the loader, its workers
+    and its memory alive until the loop lets go of its iterator (NOTE [shutdown order] in
+    ``loader.py``)."""
+
+    def __init__(self, loader, delivery):
+        self.loader, self.delivery = loader, delivery
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return self.delivery.next_batch()
+
+    def __len__(self):
+        """The batches still to come this epoch (TypeError where sample counts are unknown)."""
+        return len(self.delivery)

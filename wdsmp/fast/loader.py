@@ -7,38 +7,6 @@ The front end of the fast path (DESIGN.md §3): it checks its arguments
 ring in ``resources.py``), and hands out each slot as tensors without copying
 (``delivery.py``, ``batches.py``; on a GPU ``transfer.py``).
 
-NOTE [loader protocol]
-    * Queues: each worker has a task queue (the ``StreamPlan`` tuple of each epoch, or
-      ``Stop``) and a queue of its free slots; all workers announce on one
-      ready queue (``BatchReady``, ``WorkerDone``, ``WorkerFailed``,
-      ``WorkerWarning``: warnings are issued again in the main process). Each
-      producer's messages arrive in the order it sent them.
-    * Slots belong to workers: worker w owns ``prefetch`` slots, and a slot
-      the loader is done with goes back to its owner. Batches are delivered
-      in a fixed order (below), so with one shared free list the fast
-      workers could take every slot while the loader waits for a slow
-      worker's batch, which then has nowhere to go: a deadlock. Owned slots
-      rule it out; the ring has ``prefetch * num_workers`` slots.
-    * Order: the next batch comes from the stream (a worker's part of the
-      plan), among those not finished, that has delivered the fewest batches
-      (the lowest index first). With known counts that is the plan's round
-      robin, batch k from stream k % W (NOTE [plan: exactly once, equal
-      batches]); with unknown counts it is round robin skipping finished
-      streams. It depends only on the counts delivered, so a resumed epoch
-      continues in the same order, also on another number of workers: a
-      worker then runs several streams, making their batches in this order.
-    * Waiting: every wait has a short timeout after which the workers'
-      liveness is checked: a worker that died is reported within a second,
-      naming its exit code or signal, and the awaited worker's signs of life
-      are sampled (NOTE [stalled workers] in ``delivery.py``).
-    * Workers persist across epochs. An epoch left unfinished (``break``,
-      an error, a new ``iter()``) restarts them: their slots and queues are
-      in an unknown state, and restarting is cheap (forked from the fork server).
-      An epoch whose batches were all handed out is finished, also when its
-      end was never asked for (``zip(range(len(loader)), loader)``): the next
-      ``iter()`` takes the workers' end-of-epoch messages first
-      (``DeliveryState.leave``).
-
 NOTE [batch lifetime]
     By default a batch's tensors are views of its ring slot: no copy. The
     slot goes back to its worker at the next ``next()`` on the same
@@ -50,42 +18,39 @@ NOTE [batch lifetime]
     newer pixels.
 
 NOTE [shutdown order]
-    ``close()`` (also run by ``with``, garbage collection and interpreter
-    exit, through one ``weakref.finalize``): set the stop event and send
-    ``Stop`` to every worker; join them for a few seconds, then terminate,
-    then kill; close the queues; unregister pinned memory; then unlink the
-    ring, exactly once (NOTE [ring ownership]). Workers also exit by
-    themselves when the loader's process is gone (parent watch), and a new
+    A loader lives while the script or any of its iterators (or ``.cuda()``
+    iterators) holds it, as DataLoader does: ``for images, labels in
+    FastLoader(urls, batch_size=256):`` keeps it for the loop. ``close()``
+    (also run by ``with``, by garbage collection once the last reference
+    goes, and at interpreter exit, through one ``weakref.finalize``): send
+    ``Stop`` to every worker; close the pipes from them (a worker blocked
+    sending gets a broken pipe); join them for a few seconds, then
+    terminate, then kill; unregister pinned memory; then unlink the ring,
+    exactly once (NOTE [ring ownership]). Workers ignore SIGINT (Ctrl-C is
+    the script's, which then closes the loader) and exit by themselves when
+    the loader's process is gone (``liveness.exit_with_parent``), and a new
     FastLoader unlinks rings whose owner died without closing.
 """
 
-import functools
-import os
-import threading
 import warnings
 import weakref
 
-from ..validation import is_int
-from ..epochplan import PlanPosition, plan_epoch, streams_of_workers
+from ..epochplan import EpochPlanner, PlanPosition, streams_of_workers
 from ..handlers import reraise_exception
 from ..shardcount import known_counts
+from ..validation import is_int
 from . import pool as _pool
 from .batches import Batch, SlotTensors
 from .bottleneck import shard_source
-from .delivery import EpochIterator
-from .epochstart import EpochStart, release_after
+from .delivery import Delivery, EpochIterator
 from .layout import BatchLayout, FieldSpec
 from .options import IMAGE_KEYS, DecodeOptions, LoaderOptions
 from .resources import LoaderResources
 from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
 from .stats import LoaderStats
-from .worker import IMAGES, KEYS, LABELS, WorkerConfig, make_first_batch, may_make_first_batch
+from .worker import IMAGES, KEYS, LABELS, WorkerConfig
 
-__all__ = ["FORK_SERVER_DELAY", "IMAGE_KEYS", "Batch", "FastLoader"]
-
-# Seconds after construction a loader that makes its first batch itself starts the fork server,
-# unless iter() came first (NOTE [first batch here] in worker.py).
-FORK_SERVER_DELAY = 0.1
+__all__ = ["IMAGE_KEYS", "Batch", "FastLoader"]
 
 
 class FastLoader:
@@ -96,8 +61,9 @@ class FastLoader:
 
         for images, labels in FastLoader("shards/train-{000000..000146}.tar", batch_size=256):
             ...                                    # images: uint8 (256, 224, 224, 3), labels: int64 (256,)
-        for images, labels in FastLoader(urls, batch_size=256).cuda(mean=..., std=...):
-            ...                                    # on the GPU, normalised, float32
+        for images, labels in FastLoader(urls, batch_size=256).cuda(mean=(123.7, 116.3, 103.5),
+                                                                    std=(58.4, 57.1, 57.4)):
+            ...                                    # on the GPU, normalised, float32 NCHW
 
     Data: ``urls`` is a shard spec (``"train-{0000..0146}.tar"``, any gopen URL), a list of
     URLs or ``(url, sample_count)`` pairs, or the path or URL of a shard index (``.json``,
@@ -127,11 +93,13 @@ class FastLoader:
     ``.npy`` bytes or numbers as text, or a function ``sample -> array``); ``stages`` are
     iterator -> iterator functions (``wdsmp.select(...)``, ``wdsmp.map(...)``) run on the
     sample dicts in the workers before decoding, the escape hatch for arbitrary Python.
-    Functions must pickle: define them at module level (workers are started by a fork
-    server, as with DataLoader under ``spawn``). The first loader of a process starts the
-    fork server, which imports the worker's modules once, not torch (NOTE [light workers]
-    in ``pool.py``); ``start_method="fork"`` starts workers without it, from a process
-    without threads or locks that matter.
+    Functions must pickle: define them at module level, in a module or in a script whose
+    code runs under ``if __name__ == "__main__":`` (workers then import the script, as
+    DataLoader's do under ``spawn``). Workers are fresh interpreters that import only what
+    they need, not your script nor torch (NOTE [worker processes] in ``pool.py``), started
+    as the loader is made; ``start_method="fork"`` forks them from your process instead,
+    quicker to start but with every lock of your process copied as it is (choose it where
+    the script runs no threads of its own).
 
     Order: ``seed`` and the epoch fix the shard order (``shuffle``), each worker's
     ``shuffle_buffer`` and every crop; each ``iter()`` runs epoch ``epoch`` and then counts
@@ -173,69 +141,63 @@ class FastLoader:
                  rank=None, world_size=None, policy="drop", resampled=False, epoch_batches=None,
                  scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5, resize_ratio=0.875, dct_scaling=True,
                  channels_first=False, copy=False, prefetch=2, timeout=None, stall_timeout=120.0,
-                 start_method="forkserver", progress=False, cache_dir=None, max_image_pixels=None, exact=True):
-        if _pool.starting_a_worker():  # NOTE [main module] in pool.py
+                 start_method="spawn", progress=False, cache_dir=None, max_image_pixels=None, exact=True):
+        if _pool.starting_a_worker():  # NOTE [worker processes] in pool.py
             raise RuntimeError("a FastLoader was made while a worker process was starting and importing the main "
                                "script: a function given to the loader is defined in that script, so workers "
                                "import it; put the script's code under if __name__ == '__main__':, or define "
                                "the function in a module of its own")
-        options = LoaderOptions(
+        self.options = options = LoaderOptions(
             batch_size, DecodeOptions(train, scale, ratio, flip, resize_ratio, dct_scaling,
                                       max_pixels=max_image_pixels), num_workers=num_workers,
             image_size=image_size, seed=seed, label=label, image_keys=image_keys, keys=keys, key_length=key_length,
             fields=fields, stages=stages, handler=handler, shuffle=shuffle, shuffle_buffer=shuffle_buffer, rank=rank,
             world_size=world_size, policy=policy, resampled=resampled, epoch_batches=epoch_batches,
             channels_first=channels_first, copy=copy, prefetch=prefetch, timeout=timeout,
-            stall_timeout=stall_timeout, start_method=start_method, progress=progress, cache_dir=cache_dir)
-        self._options = options
-        self.batch_size, self.num_workers, self.prefetch = options.batch_size, options.num_workers, options.prefetch
-        self.image_size, self.train, self.seed = options.image_size, options.train, options.seed
-        self.shuffle, self.rank, self.world_size = options.shuffle, options.rank, options.world_size
-        self.policy, self.resampled, self.epoch_batches = options.policy, options.resampled, options.epoch_batches
-        self.copy, self.channels_first, self.timeout = options.copy, options.channels_first, options.timeout
-        self.progress = options.progress  # seconds between reports on stderr, or None
-        if not isinstance(exact, bool):
-            raise ValueError(f"exact must be True or False, not {exact!r}")
-        self.exact = exact
+            stall_timeout=stall_timeout, start_method=start_method, progress=progress, cache_dir=cache_dir,
+            exact=exact)
         layout, extra = _layout(options)
-        mp_context = _pool.context(start_method)  # a bad start method fails here, not at the first batch
         # Unknown counts leave ranks unequal (a resampled epoch is a number of batches; one rank is alone).
-        required = exact and not self.resampled and self.world_size > 1
+        required = options.exact and not options.resampled and options.world_size > 1
         self.shards = known_counts(
             urls, index, cache_dir=options.cache_dir, handler=options.handler,
-            required_by=f"FastLoader on {self.world_size} ranks" if required else None,
+            required_by=f"FastLoader on {options.world_size} ranks" if required else None,
             otherwise="pass exact=False for epochs of whole shards per rank (which may then hand out "
                       "different numbers of batches)")
+        self._planner = EpochPlanner(
+            tuple(self.shards), options.batch_size, seed=options.seed, rank=options.rank,
+            world_size=options.world_size, num_streams=options.num_workers, policy=options.policy,
+            shuffle=options.shuffle, resampled=options.resampled, epoch_batches=options.epoch_batches,
+            exact=options.exact)
         self.plan(0)  # bad plan arguments (rank, policy, too few samples) fail here too
         cleanup_stale(DEFAULT_PREFIX)
-        _pool.sweep_semaphores()
-        self._ring = Ring.create(layout, self.num_workers * self.prefetch)  # last: nothing after it fails
+        ring = Ring.create(layout, options.num_workers * options.prefetch)
+        self._resources = LoaderResources(ring)
+        self._finalizer = weakref.finalize(self, self._resources.close)  # what fails from here on, frees it
         self._config = WorkerConfig(
-            ring=self._ring.name, layout=layout, image_keys=options.image_keys, label=options.label, fields=extra,
+            ring=ring.name, layout=layout, image_keys=options.image_keys, label=options.label, fields=extra,
             keys=options.keys, stages=options.stages, handler=options.handler, decode=options.decode,
-            shuffle_buffer=options.shuffle_buffer, cache_dir=options.cache_dir,
-            counts=tuple(count for _, count in self.shards))
-        self._mp_context = mp_context
-        main = _pool.refers_to_main(self._config)
-        self._server_timer = None
-        if main or not may_make_first_batch(self._config, [url for url, _ in self.shards]):
-            # The fork server imports the workers' modules (or the script, NOTE [light workers] in
-            # pool.py) from now on.
-            _pool.start_server(mp_context, main)
-        else:  # after the first batch, which it would slow, unless the script does other things first
-            self._server_timer = threading.Timer(FORK_SERVER_DELAY, _pool.start_server, (mp_context, main))
-            self._server_timer.daemon = True
-            self._server_timer.start()
-        self._resources = LoaderResources(self._ring)
-        if self._server_timer is not None:
-            self._resources.on_close(self._server_timer.cancel)
-        self._finalizer = weakref.finalize(self, self._resources.close)
-        self._slots = SlotTensors(self._ring, copy=self.copy, channels_first=self.channels_first)
-        self._stats = LoaderStats(report_every=self.progress, num_workers=self.num_workers,
+            shuffle_buffer=options.shuffle_buffer, planner=self._planner, cache_dir=options.cache_dir)
+        if options.start_method != "fork" and _pool.refers_to_main(self._config) and _pool.main_module() is None:
+            raise ValueError("a function given to the loader is defined in an interactive session (or python -c), "
+                             "which worker processes cannot import: define it in a module, or pass "
+                             "start_method='fork'")
+        self._slots = SlotTensors(ring, copy=options.copy, channels_first=options.channels_first)
+        self._stats = LoaderStats(report_every=options.progress, num_workers=options.num_workers,
                                   source=shard_source([url for url, _ in self.shards]), cache_dir=options.cache_dir)
         self.epoch = 0
-        self._resume = None
-        self._delivery = None  # the current epoch's DeliveryState (never its iterator: see there)
+        self._resume = None  # a loaded PlanPosition, for the next iter()
+        self._delivery = None  # the current epoch's Delivery
+        # Started now, so that their start overlaps what the script does before its first iter().
+        self._resources.new_workers(self._config, options.num_workers, options.prefetch, options.start_method)
+
+    @property
+    def batch_size(self):
+        return self.options.batch_size
+
+    @property
+    def num_workers(self):
+        return self.options.num_workers
 
     # -- epochs -------------------------------------------------------------------------
 
@@ -243,15 +205,7 @@ class FastLoader:
         """This rank's ``EpochPlan`` of epoch ``position`` (default: the next one; or a
         ``PlanPosition``): what each stream reads (see ``epochplan.py``). A position counts the
         streams the epoch started with; a new epoch has one per worker."""
-        if position is None:
-            position = self.epoch
-        streams = self.num_workers
-        if isinstance(position, PlanPosition) and position.worker_batches is not None:
-            streams = len(position.worker_batches)
-        return plan_epoch(self.shards, position, batch_size=self.batch_size, seed=self.seed, rank=self.rank,
-                          world_size=self.world_size, num_streams=streams, policy=self.policy,
-                          shuffle=self.shuffle, resampled=self.resampled, epoch_batches=self.epoch_batches,
-                          exact=self.exact)
+        return self._planner.plan(self.epoch if position is None else position)
 
     def set_epoch(self, epoch):
         """Make the next ``iter()`` run epoch ``epoch`` (as DistributedSampler.set_epoch)."""
@@ -271,11 +225,10 @@ class FastLoader:
         return batches
 
     def __iter__(self):
-        """Start the next epoch: the workers get their plans (unless they went ahead with this
-        very epoch, NOTE [next epoch ahead] in ``epochstart.py``); the iterator delivers the batches."""
+        """Start the next epoch: the workers get their tasks (unless they went ahead with this
+        very epoch, NOTE [next epoch ahead] in ``delivery.py``); the iterator delivers the
+        batches, and holds this loader while it lives."""
         self._resources.check_open()
-        if self._server_timer is not None:
-            self._server_timer.cancel()  # NOTE [first batch here] in worker.py
         if self._delivery is not None:
             self._delivery.leave()
         before = self._resume, self.epoch  # what a failed start leaves for the next iter()
@@ -288,63 +241,37 @@ class FastLoader:
             notice = plan.notice()
             if notice is not None:
                 warnings.warn(notice, stacklevel=2)
-        workers, ahead = self._resources.workers, None
-        if workers is not None and not workers.broken:
-            ahead, workers.ahead = workers.ahead, None
-            if ahead is not None and ahead.plan != plan:
-                workers.shutdown()  # they went ahead with another epoch than this one
-                ahead = None
-        fresh = workers is None or workers.broken
-        if fresh:
-            workers = self._resources.new_workers(self._config, self.num_workers, self.prefetch,
-                                                    self._options.start_method)
-        self._stats.start()
-        # A fresh generation's first batch is made here, its processes start behind it (NOTE [first
-        # batch here] in worker.py).
+        options, workers = self.options, self._resources.workers
+        streams = streams_of_workers(plan.num_streams, options.num_workers)
         try:
-            start = ahead or self._start_epoch(workers, plan, here=fresh)
-            if start.made_here and workers.ctx.get_start_method() != "fork":
-                workers.start(background=True, then=functools.partial(release_after, start, workers.stop_event))
-            else:
-                workers.start()
-                if start.made_here:  # forked now: nobody but the loop's next request would release them
-                    start.release()
-            iterator = EpochIterator(start, resources=self._resources, slots=self._slots, stats=self._stats,
-                                     timeout=self.timeout, stall_timeout=self._options.stall_timeout,
-                                     ahead=weakref.WeakMethod(self._next_epoch_ahead))
-        except BaseException:
-            # Tasks may be queued that no iterator follows (or for processes that never ran): these
-            # workers go, and the next iter() runs this very epoch (or loaded state) afresh.
-            workers.shutdown()
+            if workers is None or workers.broken or (workers.ahead is not None and workers.ahead != plan):
+                workers = self._resources.new_workers(self._config, options.num_workers, options.prefetch,
+                                                      options.start_method)
+            if workers.ahead is None:
+                workers.start_epoch(position, streams)
+            workers.ahead = None
+        except BaseException:  # the next iter() runs this very epoch (or loaded state) afresh
+            if workers is not None:
+                workers.shutdown()
             self._resume, self.epoch = before
             raise
-        self._delivery = self._resources.delivery = iterator.state
-        return iterator
+        self._stats.start()
+        self._delivery = Delivery(plan, workers, streams, resources=self._resources, slots=self._slots,
+                                  stats=self._stats, timeout=options.timeout, stall_timeout=options.stall_timeout,
+                                  ahead=weakref.WeakMethod(self._send_ahead))
+        return EpochIterator(self, self._delivery)
 
-    def _start_epoch(self, workers, plan, here=False):
-        """Send ``workers`` the tasks of ``plan``; the first batch is made by as many threads as
-        there are workers and cores, unless rows call the user's functions (NOTE [first batch
-        together] in ``worker.py``), and by this process while fresh workers start (``here``,
-        NOTE [first batch here] there)."""
-        threads = 1 if self._config.rows_call_user_code else min(self.num_workers, len(os.sched_getaffinity(0)))
-
-        def make_first(worker, stream, threads):
-            return make_first_batch(worker, self._config, stream, self._ring, workers.free[worker],
-                                    workers.stop_event, threads)
-
-        return EpochStart(workers, plan, streams_of_workers(plan.num_streams, self.num_workers), threads,
-                          make_first if here else None)
-
-    def _next_epoch_ahead(self, current):
-        """Send the workers the next epoch's tasks now, as the last batch of epoch ``current`` is
-        delivered; its ``EpochStart``, or None where none can go ahead (NOTE [next epoch ahead]
-        in ``epochstart.py``)."""
+    def _send_ahead(self, current):
+        """Send the workers the next epoch's tasks as the last batch of epoch ``current`` is taken,
+        unless another epoch comes next (NOTE [next epoch ahead] in ``delivery.py``)."""
         workers = self._resources.workers
         if (self._resume is not None or self.epoch == current or workers is None or workers.broken
                 or self._resources.closed):
-            return None  # a loaded state, or set_epoch back to this very epoch, comes next
-        workers.ahead = self._start_epoch(workers, self.plan(PlanPosition(self.epoch)))
-        return workers.ahead
+            return  # a loaded state, or set_epoch back to this very epoch, comes next
+        position = PlanPosition(self.epoch)
+        plan = self.plan(position)
+        workers.start_epoch(position, streams_of_workers(plan.num_streams, self.options.num_workers))
+        workers.ahead = plan
 
     def state_dict(self):
         """Where this loader stands: the epoch and the batches handed out in it (also after an
@@ -353,34 +280,32 @@ class FastLoader:
         handler drop samples (each worker's position in its sample stream is part of the
         state), and also with another ``num_workers`` (the epoch's streams are then shared
         out whole, ``epochplan.streams_of_workers``), in the order the batches would have come."""
-        delivery = self._delivery
+        delivery, options = self._delivery, self.options
         if self._resume is not None:
             epoch, delivered, consumed = self._resume.epoch, self._resume.worker_batches, self._resume.worker_consumed
         elif delivery is not None and not delivery.handed_out:
             epoch, delivered, consumed = delivery.epoch, tuple(delivery.handed), tuple(delivery.consumed)
         else:
-            epoch, delivered, consumed = self.epoch, (0,) * self.num_workers, (0,) * self.num_workers
+            epoch, delivered, consumed = self.epoch, (0,) * options.num_workers, (0,) * options.num_workers
         return {"epoch": epoch, "batches_done": sum(delivered), "worker_batches": list(delivered),
                 "worker_consumed": None if consumed is None else list(consumed),
-                "batch_size": self.batch_size, "seed": self.seed, "rank": self.rank,
-                "world_size": self.world_size, "exact": self.exact}
+                "batch_size": options.batch_size, "seed": options.seed, "rank": options.rank,
+                "world_size": options.world_size, "exact": options.exact}
 
     def load_state_dict(self, state):
         """Make the next ``iter()`` continue where ``state`` (from ``state_dict``) stood."""
         for name in ("batch_size", "seed", "rank", "world_size", "exact"):
             if name == "exact" and name not in state:
-                continue  # saved before whole-shard epochs were a setting of their own
-            if state.get(name) != getattr(self, name):
+                continue  # states saved by earlier wdsmp do not say; the rest is checked
+            if state.get(name) != getattr(self.options, name):
                 raise ValueError(f"state was saved with {name}={state.get(name)!r}, this loader has "
-                                 f"{getattr(self, name)!r}: resuming exactly needs the same settings")
+                                 f"{getattr(self.options, name)!r}: resuming exactly needs the same settings")
         consumed = state.get("worker_consumed")
         position = PlanPosition(state["epoch"], state["batches_done"], tuple(state["worker_batches"]),
                                 None if consumed is None else tuple(consumed))
         self.plan(position)  # fails now if the position does not fit
         self._resume = position
         self.epoch = position.epoch
-        if position.batches_done:  # its first batch is the workers' to make: their server starts now
-            _pool.start_server(self._mp_context, _pool.refers_to_main(self._config))
 
     # -- throughput ----------------------------------------------------------------------
 
@@ -428,9 +353,10 @@ class FastLoader:
         self.close()
 
     def __repr__(self):
-        state = "closed" if self.closed else f"{self.num_workers} workers"
-        return (f"FastLoader({len(self.shards)} shards, batch_size={self.batch_size}, "
-                f"image_size={self.image_size}, train={self.train}, {state})")
+        options = self.options
+        state = "closed" if self.closed else f"{options.num_workers} workers"
+        return (f"FastLoader({len(self.shards)} shards, batch_size={options.batch_size}, "
+                f"image_size={options.image_size}, train={options.train}, {state})")
 
 
 def _layout(options):

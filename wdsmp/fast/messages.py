@@ -1,14 +1,15 @@
-"""What travels on the loader's queues: small frozen dataclasses, never pixels.
+"""What travels on the loader's pipes: small frozen dataclasses, never pixels.
 
-Pixels stay in the ring; a queue carries a slot index inside ``BatchReady``,
-the shard a worker starts reading, a worker's end of epoch, a failure as data
-(type, message, traceback text, where), or ``Stop``. They are plain data, so they pickle small and the same
-under spawn and forkserver.
+To a worker: an ``EpochTask``, a free slot (an int) or ``Stop``. From a
+worker: a slot index inside ``BatchReady``, the shard it starts reading, its
+end of a stream, a failure as data (type, message, traceback text, where), or
+a warning. They are plain data, so they pickle small and the same under every
+start method.
 """
 
 import traceback as _traceback
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 from .._redact import redacted
 from ..errors import WorkerError
@@ -18,16 +19,11 @@ __all__ = ["BatchReady", "EpochTask", "Reading", "Stop", "WorkerDone", "WorkerFa
 
 @dataclass(frozen=True)
 class EpochTask:
-    """A worker's part of an epoch: the ``StreamPlan`` of each stream it runs (in the epoch
-    plan's order), and how many threads decode the first batch it makes (NOTE [first batch
-    together] in ``worker.py``: more than one for the worker of the epoch's first batch).
-    ``last_rows``: ``{stream: {field: array}}``, the last row of a full batch made of a
-    stream elsewhere (NOTE [first batch here]), for the worker to pad with as if it had made
-    that batch (NOTE [full batches])."""
+    """A worker's part of an epoch: the streams it runs of the epoch at ``position`` (a
+    ``PlanPosition``), which it plans itself (``WorkerConfig.planner``), as the loader does."""
 
-    plans: Tuple[object, ...]
-    threads: int = 1
-    last_rows: Optional[Dict[int, Dict[str, object]]] = None
+    position: object
+    streams: Tuple[int, ...]
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,12 @@
-"""The fork server's import before the worker module: numpy, with its BLAS started on one thread.
+"""A spawned worker's first import: numpy, with its BLAS started on one thread.
 
 OpenBLAS, in numpy's wheels, starts a thread per core as it loads, and they
-spin a while: about 0.1 s of CPU in the fork server's start, taken from the
-cores that make the first batch (``benchmarks/RESULTS.md``). Workers decode
-with threads of their own and multiply no matrices; a user's stage that does
-gets one BLAS thread per worker, as DataLoader's workers get one torch thread.
-The variables are set only while numpy loads: what the workers, and the
-processes a stage starts, find in their environment is the user's. Where the
-user's own preloads (imported first) load numpy, it keeps their threads.
+spin a while: about 0.1 s of CPU per worker, taken from the cores that make
+the first batches (``benchmarks/RESULTS.md``). Workers multiply no matrices; a
+user's stage that does gets one BLAS thread per worker, as DataLoader's
+workers get one torch thread. The variables are set only while numpy loads:
+what the workers, and the processes a stage starts, find in their environment
+is the user's, and a variable the user set is kept.
 """
 
 import os

@@ -7,7 +7,7 @@ is valid, so what runs per batch or per image (the workers, ``imagedecode``)
 takes them as they are. Arguments that another part checks where it consumes
 them are stored as given: ``rank``, ``world_size``, ``policy`` and
 ``epoch_batches`` (``epochplan.plan_epoch``, run by the loader's constructor),
-``start_method`` (``pool.context``), ``fields`` (the loader's slot layout).
+``fields`` (the loader's slot layout).
 """
 
 import os
@@ -17,6 +17,7 @@ from typing import Callable, Optional, Tuple, Union
 from .. import handlers
 from ..validation import is_int, positive_int
 from ..utils import pytorch_worker_info
+from .pool import START_METHODS
 
 __all__ = ["IMAGE_KEYS", "DecodeOptions", "LoaderOptions", "default_workers", "positive_range", "unit_fraction"]
 
@@ -107,7 +108,9 @@ class LoaderOptions:
     filled in: ``num_workers`` (the CPUs this process may use), ``shuffle`` (``train``),
     ``shuffle_buffer`` (256 when shuffling, else 0), ``rank`` and ``world_size``
     (torch.distributed's, else ``RANK``/``WORLD_SIZE``); ``image_size``
-    is ``(height, width)``, ``image_keys`` a tuple, ``progress`` seconds between reports or None.
+    is ``(height, width)``, ``image_keys`` a tuple, ``progress`` seconds between reports or None,
+    ``start_method`` "spawn" or "fork" ("forkserver" is "spawn": NOTE [worker processes] in
+    ``pool.py``).
     ``decode`` holds the crop arguments (``scale``, ``ratio``, ``flip``, ``resize_ratio``,
     ``dct_scaling``) and ``train``. See ``FastLoader`` for what each means."""
 
@@ -135,9 +138,10 @@ class LoaderOptions:
     prefetch: int = 2
     timeout: Optional[float] = None
     stall_timeout: Optional[float] = 120.0
-    start_method: str = "forkserver"
+    start_method: str = "spawn"
     progress: Union[bool, float, None] = False
     cache_dir: Optional[str] = None
+    exact: bool = True
 
     def __post_init__(self):
         positive_int(self.batch_size, "batch_size")
@@ -174,6 +178,11 @@ class LoaderOptions:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
                 raise ValueError(f"{name} must be None or a positive number of seconds, not {value!r}")
+        if self.start_method not in START_METHODS:
+            raise ValueError(f"start_method must be one of {START_METHODS}, not {self.start_method!r}")
+        _set(self, "start_method", "fork" if self.start_method == "fork" else "spawn")
+        if not isinstance(self.exact, bool):
+            raise ValueError(f"exact must be True or False, not {self.exact!r}")
         progress = self.progress
         if isinstance(progress, bool) or progress is None:
             progress = 10.0 if progress else None

@@ -1,299 +1,87 @@
-"""Worker processes: start them, tell whether they live, stop them for sure.
+"""Worker processes: start them with a pipe each way, tell whether they live, stop them for sure.
 
-Processes only: what the workers do and what they share is the loader's
-business. Workers start with ``forkserver`` by default (``spawn`` where it
-is missing): both give a clean process that holds none of the main
-process's threads, CUDA context or locks. The fork server imports the
-worker's modules once and forks workers from that, so a worker starts in
-milliseconds rather than re-importing numpy (DESIGN.md §3, step 2).
+Processes and pipes only: what the workers do and what they say is the loader's business.
 
-NOTE [light workers]
-    Workers write numpy arrays into shared memory and never need torch, whose
-    import takes a second or more of CPU: the fork server imports
-    ``wdsmp.fast.worker`` alone (numpy, the tar reader and the decoders,
-    about a tenth of that), as ``import wdsmp`` imports its public names on
-    first use. CPython's fork server also imports the main script by default
-    (its preload list is ``["__main__"]``), and a training script imports
-    torch; so while the list is that default, and the loader's workers need
-    nothing from the script (``refers_to_main``), ``start_server`` replaces it
-    with the worker module alone (after ``numpy_one_thread``, which loads
-    numpy without a BLAS thread per core). Preloads a user set are kept (the
-    worker's modules are added). Workers that refer to the script import it themselves as
-    they start, as under spawn, and so does any other user of the same fork
-    server (a DataLoader with the forkserver context) once a loader started it.
+NOTE [worker processes]
+    By default (``start_method="spawn"``) each worker is a fresh Python
+    interpreter that wdsmp starts itself (``subprocess``, running
+    :data:`BOOTSTRAP`): it holds none of the script's threads, locks or CUDA
+    context, and imports only what the worker needs (numpy with one BLAS
+    thread, the tar reader, the decoders), about 0.2 s of CPU, in parallel
+    across workers. It does not import the user's script, which imports
+    torch (a second or more of CPU per worker) and, without an
+    ``if __name__ == "__main__":`` guard, would run its training code again,
+    unless the loader's arguments refer to a function defined there
+    (``refers_to_main``): then the worker imports the script as
+    multiprocessing's spawn does (as ``__mp_main__``), and the script needs
+    the guard, as with DataLoader under spawn. Nothing of this touches
+    ``multiprocessing``'s settings in the user's process (no fork server,
+    no preloads, no semaphores). The worker gets the parent's ``sys.path``
+    and ``sys.argv``, its environment and working directory.
 
-NOTE [main module]
-    A process started by forkserver or spawn imports the parent's main
-    module (the user's script, as ``__mp_main__``) before it runs, so that
-    functions defined there can be unpickled. A script without an
-    ``if __name__ == "__main__":`` guard then runs its training code again in
-    every worker, which fails (a FastLoader made while a process starts)
-    with an error that names neither the cause nor the fix. Workers whose
-    arguments refer to nothing in ``__main__`` (``refers_to_main``) are
-    therefore started with the main module hidden, and skip that import;
-    a user's function defined in the script still needs the guard, as it
-    does with DataLoader under spawn.
+    ``start_method="fork"`` forks the workers from the user's process
+    through multiprocessing: no interpreter to start, and the script's
+    functions as they are, but every lock of the script is copied as it is,
+    held or not, so a lock another thread held at that moment (a logger's, a
+    profiler's) never comes free in the worker. ``"forkserver"`` is taken as
+    ``"spawn"``: both ask for a clean process, which is what a spawned
+    worker is.
 
-NOTE [semaphore names]
-    Queues and events for forkserver and spawn workers hold POSIX named
-    semaphores (``/dev/shm/sem.*``), which multiprocessing unlinks when they
-    are collected, or its resource tracker when the process dies. A SIGKILL
-    to the whole process group (a job scheduler's) kills the tracker too,
-    and the semaphores stay until reboot. The loader's are therefore named
-    ``wdsmp-sem-<pid>-<token>-...`` (``named_semaphores``), and
-    ``sweep_semaphores``, run by every new loader, unlinks those whose owner
-    is gone. Whether it is gone is not told by the pid: processes in other
-    PID namespaces (containers sharing the host's /dev/shm) have pids that
-    mean nothing here, or another process's. Instead each process that names
-    semaphores first takes an flock on ``/dev/shm/wdsmp-sem-<pid>-<token>.lock``
-    and holds it until it dies (the kernel releases it then, whatever killed
-    it); the sweep unlinks a semaphore, and then the lock file, only when it
-    can take that lock itself or the file is gone. flock works across PID
-    namespaces on one file system. The lock is taken before any semaphore
-    exists, and checked to be still the file at its path (a sweep may remove
-    a lock file made but not yet locked: a new token is tried then). A clean
-    exit removes the lock file when none of the semaphores is left, after
-    multiprocessing's exit finalizers unlinked those of queues still alive.
-
-NOTE [CPython internals]
-    multiprocessing offers no public way to read the fork server's preload
-    list, to choose semaphore names, to start a process without the main
-    script or to tell a child importing that script, so four functions reach
-    into CPython's private parts, and nothing else in wdsmp does:
-    - ``_forkserver_preloads`` reads ``forkserver._forkserver._preload_modules``
-      (the list ``set_forkserver_preload`` replaces), so that wdsmp adds its
-      worker module to the user's preloads instead of dropping them (NOTE
-      [light workers]). If CPython renames it, the user's own preloads are
-      lost (wdsmp still works).
-    - ``_process_config`` returns ``current_process()._config``, whose
-      ``"semprefix"`` ``synchronize.SemLock`` puts before every semaphore
-      name. If CPython renames it, ``named_semaphores`` fails, or names
-      nothing if the key changes, and semaphores leaked by a killed job are
-      no longer swept.
-    - ``_main_hidden`` wraps ``multiprocessing.spawn.get_preparation_data``
-      (what spawn and forkserver processes prepare themselves from) so that
-      the processes one thread starts leave out its ``init_main_from_*``
-      entries, while every other thread (the training loop, as workers start
-      behind a first batch: NOTE [first batch here] in ``worker.py``) sees
-      ``__main__`` as it is. If CPython stops calling it, workers import the
-      script again, as DataLoader's spawned workers do.
-    - ``starting_a_worker`` reads ``current_process()._inheriting``, true
-      while a spawned child imports the parent's main script (NOTE [main
-      module]). If it goes, a script without a main guard that builds a
-      loader recurses into workers again instead of getting an error that
-      says what to do.
-    tests/fast/test_pool.py checks all four against the running Python.
+    Each worker has two pipes (``multiprocessing.connection.Connection``):
+    the loader sends on one, the worker on the other. Pipes hold no named
+    semaphores, so a killed job leaves nothing of them behind. A spawned
+    worker also holds the read end of a third pipe whose write end only the
+    loader's process holds: it becomes readable when that process is gone,
+    however it died, and the worker exits (``liveness.exit_with_parent``).
 """
 
-import contextlib
-import errno
-import fcntl
-import functools
 import multiprocessing
-import multiprocessing.util
 import os
 import pickle
 import pickletools
-import re
-import secrets
+import runpy
 import signal
-import threading
+import subprocess
+import sys
 import time
+import types
+from multiprocessing.connection import Connection, wait
 
-__all__ = ["START_METHODS", "WorkerPool", "context", "describe_exit", "named_semaphores", "no_room_for_semaphores",
-           "preloads", "refers_to_main", "start_server", "starting_a_worker", "sweep_semaphores"]
+from ..liveness import exit_with_parent
 
-START_METHODS = ("forkserver", "spawn", "fork")
-_PRELOADS = ("wdsmp.fast.numpy_one_thread", "wdsmp.fast.worker")  # the fork server's own, in order
-_DEFAULT_PRELOADS = ["__main__"]  # CPython's, until someone sets others
-SEM_PREFIX = "wdsmp-sem-"
-_SEM_DIR = "/dev/shm"
-_SEMAPHORE = re.compile(rf"sem\.{re.escape(SEM_PREFIX)}(\d+-[0-9a-f]{{8}})-\w+")  # its owner's key
-_OWNER_LOCK = re.compile(rf"{re.escape(SEM_PREFIX)}(\d+-[0-9a-f]{{8}})\.lock")
-_owner = None  # (pid, key, descriptor of the held lock file) of this process: NOTE [semaphore names]
+__all__ = ["BOOTSTRAP", "EOF", "START_METHODS", "WorkerPool", "describe_exit", "main_module", "refers_to_main",
+           "run_spawned", "starting_a_worker"]
 
+START_METHODS = ("spawn", "forkserver", "fork")
 
-def context(start_method):
-    """The multiprocessing context for ``start_method`` (forkserver falls back to spawn where
-    missing)."""
-    if start_method not in START_METHODS:
-        raise ValueError(f"start_method must be one of {START_METHODS}, not {start_method!r}")
-    if start_method not in multiprocessing.get_all_start_methods():
-        if start_method != "forkserver":
-            raise ValueError(f"start method {start_method!r} is not available on this platform")
-        start_method = "spawn"
-    return multiprocessing.get_context(start_method)
+# What a spawned worker runs (``python -c``): SIGINT is the loader's to handle (NOTE [shutdown
+# order] in loader.py), sys.path must be the parent's before wdsmp itself is imported, and numpy
+# loads with one BLAS thread (``numpy_one_thread``).
+BOOTSTRAP = """\
+import signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+from multiprocessing.connection import Connection
+inbox, outbox, sentinel = (int(fd) for fd in sys.argv[1:4])
+inbox = Connection(inbox, writable=False)
+sys.path[:], sys.argv[:] = inbox.recv()
+import wdsmp.fast.numpy_one_thread
+from wdsmp.fast.pool import run_spawned
+run_spawned(inbox, outbox, sentinel)
+"""
 
+EOF = object()  # what ``WorkerPool.receive`` returns for a worker whose pipe has closed (it exited)
 
-def preloads(current, main):
-    """The fork server's preloads for workers that need the main script (``main``) or not,
-    given the ``current`` list (NOTE [light workers])."""
-    if current == _DEFAULT_PRELOADS and not main:
-        current = []
-    return current + [module for module in _PRELOADS if module not in current]
-
-
-def _forkserver_preloads():
-    """The modules the fork server imports when it starts (NOTE [CPython internals])."""
-    from multiprocessing import forkserver
-
-    return list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
-
-
-def start_server(ctx, main=False):
-    """Start the fork server of ``ctx`` now, if it uses one and it is not running, without
-    waiting for it: its imports then overlap whatever the caller does before the first workers
-    are needed. ``main``: whether the workers need the main script (NOTE [light workers])."""
-    if ctx.get_start_method() == "forkserver":
-        from multiprocessing import forkserver
-
-        ctx.set_forkserver_preload(preloads(_forkserver_preloads(), main))
-        forkserver.ensure_running()
-
-
-@contextlib.contextmanager
-def named_semaphores():
-    """Semaphores made inside (queues, events) named after this process and its held lock
-    (NOTE [semaphore names]); multiprocessing names them from its process's ``semprefix``."""
-    config = _process_config()
-    before = config.get("semprefix", "/mp")
-    config["semprefix"] = f"/{SEM_PREFIX}{_owner_key(_SEM_DIR)}"
-    try:
-        yield
-    finally:
-        config["semprefix"] = before
-
-
-def _owner_key(directory):
-    """``<pid>-<token>``, this process's name for its semaphores, once it holds the flock of
-    ``<directory>/wdsmp-sem-<key>.lock`` (for the rest of its life: NOTE [semaphore names])."""
-    global _owner
-    pid = os.getpid()
-    if _owner is not None and _owner[0] == pid:
-        return _owner[1]
-    while True:
-        key = f"{pid}-{secrets.token_hex(4)}"
-        path = os.path.join(directory, f"{SEM_PREFIX}{key}.lock")
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            continue  # a token drawn twice
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            here, mine = os.stat(path), os.fstat(fd)
-            if (here.st_ino, here.st_dev) == (mine.st_ino, mine.st_dev):
-                _owner = (pid, key, fd)
-                # After multiprocessing's own exit finalizers (priority 0), which unlink the
-                # semaphores of queues still alive at exit: then the lock file can go too.
-                multiprocessing.util.Finalize(None, _leave, (directory, pid, key), exitpriority=-1)
-                return key
-        except (BlockingIOError, FileNotFoundError):
-            pass  # a sweep took it for a dead owner's between its creation and the lock
-        os.close(fd)
-
-
-def _leave(directory, pid, key):
-    """At a clean exit, remove this process's lock file if none of its semaphores is left (else
-    the next sweep removes it, once this process is gone and its lock free)."""
-    if os.getpid() != pid:
-        return
-    try:
-        if not any(name.startswith(f"sem.{SEM_PREFIX}{key}-") for name in os.listdir(directory)):
-            os.unlink(os.path.join(directory, f"{SEM_PREFIX}{key}.lock"))
-    except OSError:
-        pass  # the sweep will
-
-
-def _lock_of_a_dead_owner(directory, key):
-    """The lock of the process that named semaphores ``key``, taken (a descriptor, -1 when the
-    lock file is gone) when that process is gone; None while it holds the lock (NOTE
-    [semaphore names])."""
-    try:
-        fd = os.open(os.path.join(directory, f"{SEM_PREFIX}{key}.lock"), os.O_RDONLY)
-    except FileNotFoundError:
-        return -1
-    except OSError:
-        return None  # not ours to judge
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def no_room_for_semaphores(num_workers, directory=_SEM_DIR):
-    """The OSError (ENOSPC) that says why the queues of ``num_workers`` workers could not be made:
-    each of their semaphores takes a page of ``directory``, and it is full."""
-    count = 5 + 3 * (1 + 2 * num_workers)  # an Event, the ready queue, a task and a free queue per worker
-    page = os.sysconf("SC_PAGE_SIZE")
-    stat = os.statvfs(directory)
-    return OSError(errno.ENOSPC, f"{directory} is full: it holds {stat.f_blocks * stat.f_frsize / 1024:,.0f} KiB, "
-                                 f"and after the loader's ring and what else is there it has no room for the "
-                                 f"{count} semaphores of the queues of {num_workers} workers, one page each "
-                                 f"({count * page / 1024:,.0f} KiB in all); free some of {directory}, use fewer "
-                                 f"workers, or enlarge it (docker run --shm-size=...)")
-
-
-def _process_config():
-    """This process's multiprocessing settings, where SemLock reads ``"semprefix"`` (NOTE [CPython
-    internals])."""
-    return multiprocessing.current_process()._config
+_importing_main = False  # set in a spawned worker while it imports the user's script
 
 
 def starting_a_worker():
-    """Whether this process is a spawned worker still importing its parent's main script
-    (NOTE [CPython internals])."""
-    return getattr(multiprocessing.current_process(), "_inheriting", False)
-
-
-def sweep_semaphores(directory=_SEM_DIR):
-    """Unlink the loader semaphores whose owner is gone, then its lock file, holding that lock
-    meanwhile (NOTE [semaphore names]); the names swept."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    owners = {}
-    for name in names:
-        match = _SEMAPHORE.fullmatch(name) or _OWNER_LOCK.fullmatch(name)
-        if match is not None:
-            owners.setdefault(match.group(1), []).append(name)
-    swept = []
-    for key, owned in owners.items():
-        lock = _lock_of_a_dead_owner(directory, key)
-        if lock is None:
-            continue
-        try:
-            for name in sorted(owned, key=lambda name: name.endswith(".lock")):  # the lock file last
-                try:
-                    os.unlink(os.path.join(directory, name))
-                    swept.append(name)
-                except FileNotFoundError:  # another loader swept it first
-                    pass
-        finally:
-            if lock >= 0:
-                os.close(lock)
-    return swept
-
-
-def describe_exit(exitcode):
-    """Words for a process exit code: ``"exit code 3"``, ``"signal SIGKILL (out of memory?)"``."""
-    if exitcode is None:
-        return "no exit code"
-    if exitcode >= 0:
-        return f"exit code {exitcode}"
-    try:
-        name = signal.Signals(-exitcode).name
-    except ValueError:
-        name = f"signal {-exitcode}"
-    hint = " (killed from outside: out of memory?)" if name == "SIGKILL" else ""
-    return f"signal {name}{hint}"
+    """Whether this process is a spawned worker still importing the user's script (NOTE [worker
+    processes]): a loader made now comes from a script without a main guard."""
+    return _importing_main
 
 
 def refers_to_main(obj):
-    """Whether unpickling ``obj`` needs the ``__main__`` module (NOTE [main module]); when in
-    doubt, yes."""
+    """Whether unpickling ``obj`` needs the ``__main__`` module; when in doubt, yes."""
     try:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     except Exception:
@@ -302,61 +90,172 @@ def refers_to_main(obj):
                for _, arg, _ in pickletools.genops(data))
 
 
-_hiding = threading.local()  # .main: processes this thread starts leave the main script out
+def main_module():
+    """How a spawned worker imports the user's script: ``("name", module name)`` for ``python -m``,
+    ``("path", file)`` for a script; None where there is none to import (an interactive session,
+    ``python -c``)."""
+    main = sys.modules["__main__"]
+    name = getattr(getattr(main, "__spec__", None), "name", None)
+    if name is not None:
+        return "name", name
+    path = getattr(main, "__file__", None)
+    return None if path is None else ("path", os.path.abspath(path))
 
 
-@contextlib.contextmanager
-def _main_hidden():
-    """Processes this thread starts inside do not import the user's script (NOTE [main module]);
-    other threads' processes do as before (NOTE [CPython internals])."""
-    from multiprocessing import spawn
+def run_spawned(inbox, outbox, sentinel):
+    """The rest of :data:`BOOTSTRAP` in a spawned worker: watch the parent, import the user's
+    script if asked, then run the target with its pipes (file descriptors ``outbox``,
+    ``sentinel``)."""
+    global _importing_main
+    exit_with_parent(sentinel)
+    main, call, worker = inbox.recv()
+    if main is not None:
+        _importing_main = True
+        try:
+            how, where = main
+            if how == "name":
+                namespace = runpy.run_module(where, run_name="__mp_main__", alter_sys=True)
+            else:
+                namespace = runpy.run_path(where, run_name="__mp_main__")
+            module = types.ModuleType("__mp_main__")
+            module.__dict__.update(namespace)
+            sys.modules["__main__"] = sys.modules["__mp_main__"] = module
+        finally:
+            _importing_main = False
+    target, argsets = pickle.loads(call)
+    target(inbox, Connection(outbox, readable=False), *argsets[worker])
 
-    if not getattr(spawn.get_preparation_data, "_wdsmp_hides_main", False):
-        spawn.get_preparation_data = _without_main(spawn.get_preparation_data)
-    _hiding.main = True
-    try:
-        yield
-    finally:
-        _hiding.main = False
+
+def _run_forked(target, inbox, outbox, args, parents_ends):
+    """A forked worker: the loader's pipes are its; SIGINT is the loader's to handle. The copies
+    of the loader's ends of the pipes (``parents_ends``) that the fork made are closed, so that
+    the worker sees its pipe close when the loader closes it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    exit_with_parent()
+    for connection in parents_ends:
+        connection.close()
+    target(inbox, outbox, *args)
 
 
-def _without_main(preparation_data):
-    """CPython's ``spawn.get_preparation_data`` (what a new process prepares itself from), less
-    the main script where the calling thread hides it."""
+class _Spawned:
+    """A spawned worker's process, seen as a multiprocessing ``Process`` is (``pid``, ``exitcode``,
+    ``join``, ``terminate``, ``kill``)."""
 
-    @functools.wraps(preparation_data)
-    def prepared(name):
-        data = preparation_data(name)
-        if getattr(_hiding, "main", False):
-            data.pop("init_main_from_name", None)
-            data.pop("init_main_from_path", None)
-        return data
+    def __init__(self, popen):
+        self.popen = popen
+        self.pid = popen.pid
 
-    prepared._wdsmp_hides_main = True
-    return prepared
+    @property
+    def exitcode(self):
+        return self.popen.poll()
+
+    def join(self, timeout=None):
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def terminate(self):
+        self.popen.terminate()
+
+    def kill(self):
+        self.popen.kill()
 
 
 class WorkerPool:
-    """``len(argsets)`` daemon processes of ``mp_context`` (see ``context``) running
-    ``target(*args)``, one per argument tuple; with ``main=False`` they start without
-    importing the main module (NOTE [main module])."""
+    """``len(argsets)`` worker processes running ``target(inbox, outbox, *args)``, one per argument
+    tuple, started by ``start_method`` (NOTE [worker processes]): ``inbox`` is the connection the
+    worker receives on, ``outbox`` the one it sends on. ``main``: a spawned worker imports the
+    user's script first (``main_module()``)."""
 
-    def __init__(self, target, argsets, mp_context, name="wdsmp-worker", main=True):
-        self.processes = [mp_context.Process(target=target, args=tuple(args), name=f"{name}-{i}", daemon=True)
-                          for i, args in enumerate(argsets)]
-        hide = not main and mp_context.get_start_method() != "fork"  # a fork copies __main__ as it is
+    def __init__(self, target, argsets, start_method="spawn", main=False, name="wdsmp-worker"):
+        if start_method not in START_METHODS:
+            raise ValueError(f"start_method must be one of {START_METHODS}, not {start_method!r}")
+        self.processes, self.inboxes, self.outboxes = [], [], []
+        self._sentinel = None  # the write end of spawned workers' parent watch
         try:
-            with _main_hidden() if hide else contextlib.nullcontext():
-                for process in self.processes:
-                    process.start()
+            if start_method == "fork":
+                self._fork(target, argsets, name)
+            else:
+                self._spawn(target, argsets, main_module() if main else None)
         except BaseException:  # no process left running that nobody will stop
-            self.processes = [p for p in self.processes if p.pid is not None]
             self.stop(0.0)
             raise
+
+    def _fork(self, target, argsets, name):
+        ctx = multiprocessing.get_context("fork")
+        for i, args in enumerate(argsets):
+            inbox, to_worker = _pipe()
+            from_worker, outbox = _pipe()
+            self.inboxes.append(to_worker)
+            self.outboxes.append(from_worker)
+            process = ctx.Process(target=_run_forked, name=f"{name}-{i}", daemon=True,
+                                  args=(target, inbox, outbox, tuple(args), self.inboxes + self.outboxes))
+            process.start()
+            self.processes.append(process)
+            inbox.close()
+            outbox.close()
+
+    def _spawn(self, target, argsets, main):
+        # Pickled once for all, before any process starts: what the argument tuples share (the
+        # loader's settings) goes once.
+        try:
+            call = pickle.dumps((target, [tuple(args) for args in argsets]), protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, AttributeError, TypeError) as exn:
+            raise TypeError(f"what the workers are given must pickle, to reach their processes ({exn}): define "
+                            f"functions at module level (not lambdas, nor functions defined in functions), or "
+                            f"start the workers with start_method='fork'") from exn
+        watch, self._sentinel = os.pipe()
+        try:
+            for _ in argsets:  # all started first: each imports its modules while the next starts
+                inbox, to_worker = os.pipe()
+                from_worker, outbox = os.pipe()
+                self.inboxes.append(Connection(to_worker, readable=False))
+                self.outboxes.append(Connection(from_worker, writable=False))
+                try:
+                    popen = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, str(inbox), str(outbox), str(watch)],
+                                             pass_fds=(inbox, outbox, watch))
+                finally:
+                    os.close(inbox)
+                    os.close(outbox)
+                self.processes.append(_Spawned(popen))
+        finally:
+            os.close(watch)
+        for worker, connection in enumerate(self.inboxes):
+            connection.send((sys.path, sys.argv))
+            connection.send((main, call, worker))
+
+    def send(self, worker, message):
+        """Send ``message`` to worker ``worker``; False where it cannot take it any more (it exited:
+        the liveness checks report that)."""
+        try:
+            self.inboxes[worker].send(message)
+            return True
+        except (OSError, ValueError):  # a broken pipe, or closed by stop()
+            return False
+
+    def receive(self, workers, timeout):
+        """``[(worker, message), ...]``: one message from each of ``workers`` with one waiting,
+        waiting up to ``timeout`` seconds for the first; the message is :data:`EOF` where a
+        worker's pipe has closed (it exited; it is not listened to again)."""
+        connections = {self.outboxes[w]: w for w in workers if not self.outboxes[w].closed}
+        received = []
+        for connection in wait(list(connections), timeout):
+            worker = connections[connection]
+            try:
+                received.append((worker, connection.recv()))
+            except (EOFError, OSError):
+                connection.close()
+                received.append((worker, EOF))
+        return received
 
     def dead(self):
         """``[(worker, exitcode), ...]`` of the workers that have exited."""
         return [(i, p.exitcode) for i, p in enumerate(self.processes) if p.exitcode is not None]
+
+    def join(self, worker, timeout):
+        """Wait up to ``timeout`` seconds for worker ``worker`` to exit."""
+        self.processes[worker].join(timeout)
 
     def pids(self):
         return [p.pid for p in self.processes]
@@ -396,11 +295,17 @@ class WorkerPool:
         self.processes[worker].kill()
 
     def stop(self, timeout=5.0):
-        """Wait up to ``timeout`` seconds for the workers to exit (after the caller told them to),
+        """Close the pipes (a worker blocked sending gets a broken pipe; one waiting for messages
+        reads what was sent, then the end), wait up to ``timeout`` seconds for the workers to exit,
         then terminate, then kill the rest. Idempotent."""
+        for connection in self.outboxes + self.inboxes:
+            connection.close()
         deadline = time.monotonic() + timeout
         for process in self.processes:
             process.join(max(0.0, deadline - time.monotonic()))
+        if self._sentinel is not None:
+            os.close(self._sentinel)  # what a spawned worker watches for its parent's end
+            self._sentinel = None
         for escalate in ("terminate", "kill"):
             alive = [p for p in self.processes if p.exitcode is None]
             if not alive:
@@ -409,14 +314,23 @@ class WorkerPool:
                 getattr(process, escalate)()
             for process in alive:
                 process.join(2.0)
-        for process in self.processes:
-            if process.exitcode is not None:
-                process.close()
-        self.processes = [p for p in self.processes if _unclosed(p)]
 
 
-def _unclosed(process):
+def _pipe():
+    """``(read end, write end)`` of a new pipe, as connections."""
+    read, write = os.pipe()
+    return Connection(read, writable=False), Connection(write, readable=False)
+
+
+def describe_exit(exitcode):
+    """Words for a process exit code: ``"exit code 3"``, ``"signal SIGKILL (out of memory?)"``."""
+    if exitcode is None:
+        return "no exit code"
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
     try:
-        return process.exitcode is None
-    except ValueError:  # closed
-        return False
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"signal {-exitcode}"
+    hint = " (killed from outside: out of memory?)" if name == "SIGKILL" else ""
+    return f"signal {name}{hint}"

@@ -12,9 +12,9 @@ NOTE [ring ownership]
     * Everyone else attaches and ``close()``s; ``close()`` is idempotent and
       never raises. Pickling a ring pickles ``(name, layout)``, never a view:
       unpickling attaches.
-    * The segment is created through ``SharedMemory`` (so the resource tracker
-      of the owner's process tree, which spawned and forkserver workers share,
-      unlinks it if the whole tree dies). Attachers open ``/dev/shm/<name>``
+    * The segment is created through ``SharedMemory`` (so multiprocessing's
+      resource tracker, a process of its own, unlinks it if the owner dies
+      without a clean-up while the tracker lives). Attachers open ``/dev/shm/<name>``
       themselves and never talk to the tracker: with ``SharedMemory(name)``
       before Python 3.13 an attacher registers the name, and its tracker
       unlinks the owner's segment when the attacher exits (and unregistering

@@ -114,7 +114,8 @@ class CudaLoader:
     def __iter__(self):
         import torch
 
-        epoch = iter(self.loader)
+        batches = iter(self.loader)  # held here: it holds the loader (NOTE [shutdown order] in loader.py)
+        epoch = batches.delivery
         stats = epoch.stats
         pinned = _register(epoch.resources)
         side = torch.cuda.Stream(self.device)
@@ -124,8 +125,8 @@ class CudaLoader:
         try:
             while True:
                 # The epoch's first batch goes out as soon as it is copied: waiting for the next
-                # one too would add a batch interval to the start (NOTE [first batch here] in
-                # worker.py); the later ones have the next ones' copies under way.
+                # one too would add a batch interval to the start; the later ones have the next
+                # ones' copies under way.
                 while len(inflight) < ahead:
                     start = perf_counter_ns()
                     self._release(epoch, unreleased)
@@ -169,7 +170,7 @@ class CudaLoader:
             epoch.release(unreleased.popleft()[0])
         worker = epoch.next_worker()
         mine = [entry for entry in unreleased if entry[0].worker == worker]
-        while worker is not None and len(mine) >= self.loader.prefetch:
+        while worker is not None and len(mine) >= self.loader.options.prefetch:
             message, event = mine.pop(0)
             event.synchronize()
             unreleased.remove((message, event))
@@ -204,7 +205,7 @@ class CudaLoader:
         import torch
 
         images = batch.images
-        if not self.loader.channels_first:
+        if not self.loader.options.channels_first:
             images = images.permute(0, 3, 1, 2)  # NHWC bytes seen as NCHW: channels_last
         if self.mean is not None:
             images = (images.to(self.dtype) - self.mean.to(self.dtype)) * self.scale.to(self.dtype)
