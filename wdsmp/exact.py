@@ -104,11 +104,12 @@ class ExactSamples(CountedSource):
         dataset = wds.DataPipeline(source, wds.decode("pil"), wds.to_tuple("jpg", "cls"),
                                    wds.map_tuple(transform, None), wds.batched(64, partial=False))
         loader = wds.WebLoader(dataset, batch_size=None, num_workers=4)
-        loader.load_state_dict(checkpoint["loader"])  # when resuming
+        if checkpoint is not None:                    # when resuming
+            loader.load_state_dict(checkpoint["loader"])
         for epoch in range(start_epoch, epochs):
             loader.set_epoch(epoch)
             for images, labels in loader: ...         # len(loader) batches on every rank
-            checkpoint["loader"] = loader.state_dict()
+            checkpoint = {"loader": loader.state_dict()}
 
     ``urls``: a shard spec or URLs, ``(url, count)`` pairs, or a shard index
     (``.json``, as ``ShardWriter(index=...)`` writes; ``index=`` names one for
