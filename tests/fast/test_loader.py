@@ -525,7 +525,7 @@ def test_a_script_without_main_guard_needing_its_own_function_is_told_why(shards
     result = subprocess.run([sys.executable, str(path), index], capture_output=True, text=True, timeout=120)
     assert result.returncode != 0
     assert "put the script's code under if __name__ == '__main__':" in result.stderr
-    assert "died with exit code 1" in result.stderr
+    assert "WorkerError: loader worker 0 failed to start: RuntimeError: a FastLoader was made" in result.stderr
 
 
 _CHILD = textwrap.dedent("""
@@ -1025,3 +1025,18 @@ def test_a_function_that_does_not_pickle_is_refused_at_construction_with_the_way
         _loader(index, label=lambda sample: 1)
     with _loader(index, label=lambda sample: 1, start_method="fork") as loader:
         assert {int(label) for batch in loader for label in batch.labels} == {1}
+
+
+def test_a_state_saved_between_epochs_and_loaded_keeps_the_workers_gone_ahead(shards):
+    """``load_state_dict(state_dict())`` at each epoch's end, as a checkpointing loop does: the
+    loaded position is the next epoch's start, which the workers went ahead with."""
+    _, index, _ = shards
+    with _loader(index, keys=True, seed=5) as loader:
+        fresh = [_keys(loader)[0] for _ in range(3)]
+    with _loader(index, keys=True, seed=5) as loader:
+        epochs, workers = [], None
+        for _ in range(3):
+            epochs.append(_keys(loader)[0])
+            loader.load_state_dict(loader.state_dict())
+            workers = workers or _worker_pids(loader)
+        assert epochs == fresh and _worker_pids(loader) == workers

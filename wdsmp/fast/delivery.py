@@ -76,7 +76,7 @@ from time import perf_counter_ns
 from .._redact import redacted
 from ..errors import WorkerError
 from .messages import BatchReady, Reading, WorkerDone, WorkerFailed, WorkerWarning
-from .pool import EOF, describe_exit
+from .pool import EOF, StartFailed, describe_exit
 
 __all__ = ["Delivery", "EpochIterator"]
 
@@ -161,15 +161,19 @@ class Delivery:
             raise StopIteration
         self.resources.check_open()
         started, waiting = time.monotonic(), perf_counter_ns()
-        while True:
-            stream = self._next_stream()
-            if stream is None:
-                self._finish()
-                raise StopIteration
-            message = self.pending.pop((stream, self.delivered[stream]), None)
-            if message is not None:
-                break
-            self._receive(self.owner[stream], started)
+        try:
+            while True:
+                stream = self._next_stream()
+                if stream is None:
+                    self._finish()
+                    raise StopIteration
+                message = self.pending.pop((stream, self.delivered[stream]), None)
+                if message is not None:
+                    break
+                self._receive(self.owner[stream], started)
+        except KeyboardInterrupt:  # a message may be half taken: the epoch cannot go on
+            self.abandon()
+            raise
         self.delivered[stream] += 1
         self.stats.add_batch(message, perf_counter_ns() - waiting, self.plan.epoch)
         if not self.all_taken and self._last_batch_delivered():
@@ -264,6 +268,9 @@ class Delivery:
             message.reissue()
         elif isinstance(message, WorkerFailed):
             self._fail(message.to_error())
+        elif isinstance(message, StartFailed):
+            self._fail(WorkerError(f"loader worker {worker} failed to start: {message.exc_type}: {message.message}\n"
+                                   f"--- traceback in worker {worker} ---\n{message.traceback.rstrip()}"))
 
     def _check_workers(self, waiting_for, started):
         self._check_processes(waiting_for)
@@ -276,13 +283,13 @@ class Delivery:
     def _check_processes(self, waiting_for):
         # A worker that ended its part of this epoch and died after is the next epoch's to report.
         pool = self.workers.pool
-        dead = [(w, code) for w, code in pool.dead() if not self._worker_done(w)]
-        for worker, _ in dead:  # a worker that failed has said why before it exited
-            while True:
+        for worker, _ in pool.dead():  # a worker that failed said why before it exited: read that first
+            while not self._worker_done(worker):  # (and no further: what follows is the next epoch's)
                 received = pool.receive([worker], 0.0)
                 if not received or received[0][1] is EOF:
                     break
                 self._dispatch(worker, received[0][1])
+        dead = [(w, code) for w, code in pool.dead() if not self._worker_done(w)]
         if dead:
             worker, code = dead[0]
             self._fail(WorkerError(f"loader worker {worker} (pid {pool.pids()[worker]}) died with "

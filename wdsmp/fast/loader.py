@@ -178,7 +178,9 @@ class FastLoader:
             ring=ring.name, layout=layout, image_keys=options.image_keys, label=options.label, fields=extra,
             keys=options.keys, stages=options.stages, handler=options.handler, decode=options.decode,
             shuffle_buffer=options.shuffle_buffer, planner=self._planner, cache_dir=options.cache_dir)
-        if options.start_method != "fork" and _pool.refers_to_main(self._config) and _pool.main_module() is None:
+        # Whether spawned workers must import the script (NOTE [worker processes] in pool.py).
+        self._main = options.start_method != "fork" and _pool.refers_to_main(self._config)
+        if self._main and _pool.main_module() is None:
             raise ValueError("a function given to the loader is defined in an interactive session (or python -c), "
                              "which worker processes cannot import: define it in a module, or pass "
                              "start_method='fork'")
@@ -189,7 +191,8 @@ class FastLoader:
         self._resume = None  # a loaded PlanPosition, for the next iter()
         self._delivery = None  # the current epoch's Delivery
         # Started now, so that their start overlaps what the script does before its first iter().
-        self._resources.new_workers(self._config, options.num_workers, options.prefetch, options.start_method)
+        self._resources.new_workers(self._config, options.num_workers, options.prefetch, options.start_method,
+                                    self._main)
 
     @property
     def batch_size(self):
@@ -246,7 +249,7 @@ class FastLoader:
         try:
             if workers is None or workers.broken or (workers.ahead is not None and workers.ahead != plan):
                 workers = self._resources.new_workers(self._config, options.num_workers, options.prefetch,
-                                                      options.start_method)
+                                                      options.start_method, self._main)
             if workers.ahead is None:
                 workers.start_epoch(position, streams)
             workers.ahead = None
@@ -281,8 +284,10 @@ class FastLoader:
         state), and also with another ``num_workers`` (the epoch's streams are then shared
         out whole, ``epochplan.streams_of_workers``), in the order the batches would have come."""
         delivery, options = self._delivery, self.options
-        if self._resume is not None:
+        if self._resume is not None and self._resume.worker_batches is not None:
             epoch, delivered, consumed = self._resume.epoch, self._resume.worker_batches, self._resume.worker_consumed
+        elif self._resume is not None:  # an epoch's start
+            epoch, delivered, consumed = self._resume.epoch, (0,) * options.num_workers, (0,) * options.num_workers
         elif delivery is not None and not delivery.handed_out:
             epoch, delivered, consumed = delivery.epoch, tuple(delivery.handed), tuple(delivery.consumed)
         else:
@@ -303,6 +308,9 @@ class FastLoader:
         consumed = state.get("worker_consumed")
         position = PlanPosition(state["epoch"], state["batches_done"], tuple(state["worker_batches"]),
                                 None if consumed is None else tuple(consumed))
+        if (position.batches_done == 0 and len(position.worker_batches) == self.options.num_workers
+                and not any(position.worker_consumed or ())):
+            position = PlanPosition(position.epoch)  # an epoch's start: the plan sent ahead, if any, is it
         self.plan(position)  # fails now if the position does not fit
         self._resume = position
         self.epoch = position.epoch

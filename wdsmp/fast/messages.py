@@ -144,4 +144,4 @@ class WorkerWarning:
 
 @dataclass(frozen=True)
 class Stop:
-    """Sentinel: the receiving worker (or thread) stops now."""
+    """Sentinel: the receiving worker stops now."""

@@ -30,9 +30,14 @@ NOTE [worker processes]
     Each worker has two pipes (``multiprocessing.connection.Connection``):
     the loader sends on one, the worker on the other. Pipes hold no named
     semaphores, so a killed job leaves nothing of them behind. A spawned
-    worker also holds the read end of a third pipe whose write end only the
+    worker also holds the read end of a third pipe whose write end the
     loader's process holds: it becomes readable when that process is gone,
     however it died, and the worker exits (``liveness.exit_with_parent``).
+    A process the script forks later (a DataLoader's worker under fork)
+    holds a copy of that end too, so then the workers exit once those end as
+    well (they watch their own parent). A spawned worker that cannot start
+    its target (the script fails to import, a function does not unpickle)
+    sends why (``StartFailed``) before it exits.
 """
 
 import multiprocessing
@@ -44,29 +49,33 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
 import types
+from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
 from ..liveness import exit_with_parent
 
-__all__ = ["BOOTSTRAP", "EOF", "START_METHODS", "WorkerPool", "describe_exit", "main_module", "refers_to_main",
-           "run_spawned", "starting_a_worker"]
+__all__ = ["BOOTSTRAP", "EOF", "START_METHODS", "StartFailed", "WorkerPool", "describe_exit", "main_module",
+           "refers_to_main", "run_spawned", "starting_a_worker"]
 
 START_METHODS = ("spawn", "forkserver", "fork")
 
 # What a spawned worker runs (``python -c``): SIGINT is the loader's to handle (NOTE [shutdown
-# order] in loader.py), sys.path must be the parent's before wdsmp itself is imported, and numpy
-# loads with one BLAS thread (``numpy_one_thread``).
+# order] in loader.py), sys.path must be the parent's before wdsmp itself is imported, the
+# pickled call is read at once (the loader's send of it need not wait for the imports), and
+# numpy loads with one BLAS thread (``numpy_one_thread``).
 BOOTSTRAP = """\
 import signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 from multiprocessing.connection import Connection
 inbox, outbox, sentinel = (int(fd) for fd in sys.argv[1:4])
 inbox = Connection(inbox, writable=False)
-sys.path[:], sys.argv[:] = inbox.recv()
+sys.path[:], sys.argv[:], main, worker = inbox.recv()
+call = inbox.recv_bytes()
 import wdsmp.fast.numpy_one_thread
 from wdsmp.fast.pool import run_spawned
-run_spawned(inbox, outbox, sentinel)
+run_spawned(inbox, outbox, sentinel, main, call, worker)
 """
 
 EOF = object()  # what ``WorkerPool.receive`` returns for a worker whose pipe has closed (it exited)
@@ -102,28 +111,47 @@ def main_module():
     return None if path is None else ("path", os.path.abspath(path))
 
 
-def run_spawned(inbox, outbox, sentinel):
-    """The rest of :data:`BOOTSTRAP` in a spawned worker: watch the parent, import the user's
-    script if asked, then run the target with its pipes (file descriptors ``outbox``,
-    ``sentinel``)."""
+@dataclass(frozen=True)
+class StartFailed:
+    """What a spawned worker sends when it cannot start its target (the user's script fails to
+    import, the call does not unpickle): the exception as text, before it exits."""
+
+    exc_type: str
+    message: str
+    traceback: str
+
+
+def run_spawned(inbox, outbox, sentinel, main, call, worker):
+    """The rest of :data:`BOOTSTRAP` in a spawned worker: watch the parent (file descriptor
+    ``sentinel``), import the user's script if asked (``main``, from ``main_module``), then run
+    worker number ``worker`` of the pickled ``call`` with its pipes (``outbox``: a descriptor)."""
     global _importing_main
+    outbox = Connection(outbox, readable=False)
     exit_with_parent(sentinel)
-    main, call, worker = inbox.recv()
-    if main is not None:
-        _importing_main = True
+    try:
+        if main is not None:
+            _importing_main = True
+            try:
+                how, where = main
+                if how == "name":
+                    namespace = runpy.run_module(where, run_name="__mp_main__", alter_sys=True)
+                else:
+                    namespace = runpy.run_path(where, run_name="__mp_main__")
+                module = types.ModuleType("__mp_main__")
+                module.__dict__.update(namespace)
+                sys.modules["__main__"] = sys.modules["__mp_main__"] = module
+            finally:
+                _importing_main = False
+        target, argsets = pickle.loads(call)
+    except BaseException as exn:
+        failure = StartFailed(type(exn).__qualname__, str(exn),
+                              "".join(traceback.format_exception(type(exn), exn, exn.__traceback__)))
         try:
-            how, where = main
-            if how == "name":
-                namespace = runpy.run_module(where, run_name="__mp_main__", alter_sys=True)
-            else:
-                namespace = runpy.run_path(where, run_name="__mp_main__")
-            module = types.ModuleType("__mp_main__")
-            module.__dict__.update(namespace)
-            sys.modules["__main__"] = sys.modules["__mp_main__"] = module
-        finally:
-            _importing_main = False
-    target, argsets = pickle.loads(call)
-    target(inbox, Connection(outbox, readable=False), *argsets[worker])
+            outbox.send(failure)
+        except OSError:
+            pass  # the loader is gone
+        sys.exit(1)
+    target(inbox, outbox, *argsets[worker])
 
 
 def _run_forked(target, inbox, outbox, args, parents_ends):
@@ -189,12 +217,14 @@ class WorkerPool:
             from_worker, outbox = _pipe()
             self.inboxes.append(to_worker)
             self.outboxes.append(from_worker)
-            process = ctx.Process(target=_run_forked, name=f"{name}-{i}", daemon=True,
-                                  args=(target, inbox, outbox, tuple(args), self.inboxes + self.outboxes))
-            process.start()
+            try:
+                process = ctx.Process(target=_run_forked, name=f"{name}-{i}", daemon=True,
+                                      args=(target, inbox, outbox, tuple(args), self.inboxes + self.outboxes))
+                process.start()
+            finally:
+                inbox.close()
+                outbox.close()
             self.processes.append(process)
-            inbox.close()
-            outbox.close()
 
     def _spawn(self, target, argsets, main):
         # Pickled once for all, before any process starts: what the argument tuples share (the
@@ -222,8 +252,8 @@ class WorkerPool:
         finally:
             os.close(watch)
         for worker, connection in enumerate(self.inboxes):
-            connection.send((sys.path, sys.argv))
-            connection.send((main, call, worker))
+            connection.send((sys.path, sys.argv, main, worker))
+            connection.send_bytes(call)
 
     def send(self, worker, message):
         """Send ``message`` to worker ``worker``; False where it cannot take it any more (it exited:

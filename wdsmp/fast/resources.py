@@ -4,7 +4,7 @@ with their pipes, and clean-ups such as pinned-memory registrations (NOTE [shutd
 reference to the loader."""
 
 from .messages import EpochTask, Stop
-from .pool import WorkerPool, refers_to_main
+from .pool import WorkerPool
 from .worker import worker_main
 
 __all__ = ["LoaderResources", "Workers"]
@@ -12,14 +12,14 @@ __all__ = ["LoaderResources", "Workers"]
 
 class Workers:
     """One generation of worker processes (NOTE [loader protocol] in ``delivery.py``): worker w
-    owns slots ``w * prefetch`` to ``(w + 1) * prefetch - 1`` of the ring. ``ahead``: the plan
-    of the epoch these workers were sent ahead (NOTE [next epoch ahead] there), if any."""
+    owns slots ``w * prefetch`` to ``(w + 1) * prefetch - 1`` of the ring. ``main``: spawned
+    workers import the user's script first (``pool.WorkerPool``). ``ahead``: the plan of the
+    epoch these workers were sent ahead (NOTE [next epoch ahead] there), if any."""
 
-    def __init__(self, config, num_workers, prefetch, start_method):
+    def __init__(self, config, num_workers, prefetch, start_method, main=False):
         self.prefetch = prefetch
         self.pool = WorkerPool(worker_main, [(w, config, range(w * prefetch, (w + 1) * prefetch))
-                                             for w in range(num_workers)],
-                               start_method, main=start_method != "fork" and refers_to_main(config))
+                                             for w in range(num_workers)], start_method, main=main)
         self.broken = False
         self.ahead = None
 
@@ -50,8 +50,9 @@ class Workers:
             for worker in range(self.count):
                 self.pool.send(worker, Stop())
             self.pool.stop(timeout)
-        finally:
-            self.pool.stop(0.0)  # after an interrupted join: terminate and kill at once
+        except BaseException:
+            self.pool.stop(0.0)  # an interrupted join: terminate and kill at once
+            raise
 
 
 class LoaderResources:
@@ -70,12 +71,13 @@ class LoaderResources:
         if self.closed:
             raise ValueError("this FastLoader is closed")
 
-    def new_workers(self, config, num_workers, prefetch, start_method):
-        """A new generation of workers, after the current one (if any) is shut down."""
+    def new_workers(self, config, num_workers, prefetch, start_method, main=False):
+        """A new generation of workers (``Workers``' arguments), after the current one (if any) is
+        shut down."""
         if self.workers is not None:
             self.workers.shutdown()
         self.workers = None
-        self.workers = Workers(config, num_workers, prefetch, start_method)
+        self.workers = Workers(config, num_workers, prefetch, start_method, main)
         return self.workers
 
     def on_close(self, cleanup):

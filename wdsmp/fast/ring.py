@@ -3,7 +3,7 @@
 The loader creates the ring (``Ring.create``); workers attach to it by name
 (``Ring.attach``) and write batches straight into its slots; the loader wraps
 slots as tensors without copying. This module knows the memory only: which
-slot is free, who writes it and when, is the business of the queues.
+slot is free, who writes it and when, is the business of the loader's pipes.
 
 NOTE [ring ownership]
     * One owner: the process that called ``Ring.create``. It alone unlinks the

@@ -11,7 +11,7 @@ NOTE [stage times]
       keys and fields, and waiting for a free slot; what is left of the
       batch's time (publishing, padding, the loop itself) is ``other``. The
       figures of a batch travel in its ``BatchReady`` (``times``, in
-      ``BATCH_FIELDS`` order), so timing adds no queue traffic.
+      ``BATCH_FIELDS`` order), so timing adds no messages of its own.
     * The main process: waiting for a ready batch, the time the training loop
       holds each batch (from handing it out to the next ``next()``), and
       under ``.cuda()`` the time spent issuing copies and GPU transforms and
@@ -140,7 +140,7 @@ class LoaderStats:
         self.handed_at = None
 
     def add_batch(self, message, waited_ns, epoch):
-        """The batch of ``message`` (a ``BatchReady``) taken off the queue after ``waited_ns``."""
+        """The batch of ``message`` (a ``BatchReady``) taken from its worker after ``waited_ns``."""
         totals = self.totals
         if self.first is None:
             self.startup_wait_ns = waited_ns
