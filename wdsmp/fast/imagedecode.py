@@ -359,7 +359,7 @@ def decode_with_options(data, out, options, rng, *, url=None, member=None, clock
             return _random_box(height, width, rng, options.scale, options.ratio)
         return _center_box(height, width, *out_size, options.resize_ratio)
 
-    budget = loader_pixel_budget(options.max_pixels, *out_size)
+    budget = options.max_pixels or loader_pixel_budget(None, *out_size)
     start = perf_counter_ns()
     try:
         encoded = isinstance(data, (bytes, bytearray, memoryview))

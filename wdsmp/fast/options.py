@@ -11,10 +11,11 @@ them are stored as given: ``rank``, ``world_size``, ``policy`` and
 """
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Tuple, Union
 
 from .. import handlers
+from ..imagesize import loader_pixel_budget
 from ..validation import is_int, positive_int
 from ..utils import pytorch_worker_info
 from .pool import START_METHODS
@@ -110,9 +111,9 @@ class LoaderOptions:
     (torch.distributed's, else ``RANK``/``WORLD_SIZE``); ``image_size``
     is ``(height, width)``, ``image_keys`` a tuple, ``progress`` seconds between reports or None,
     ``start_method`` "spawn" or "fork" ("forkserver" is "spawn": NOTE [worker processes] in
-    ``pool.py``).
-    ``decode`` holds the crop arguments (``scale``, ``ratio``, ``flip``, ``resize_ratio``,
-    ``dct_scaling``) and ``train``. See ``FastLoader`` for what each means."""
+    ``pool.py``). ``decode`` holds the crop arguments (``scale``, ``ratio``, ``flip``,
+    ``resize_ratio``, ``dct_scaling``), ``train`` and the pixel budget (``max_pixels``, resolved
+    by ``imagesize.loader_pixel_budget``). See ``FastLoader`` for what each means."""
 
     batch_size: int = 256
     decode: DecodeOptions = DecodeOptions()
@@ -151,6 +152,10 @@ class LoaderOptions:
              else positive_int(self.num_workers, "num_workers"))
         positive_int(self.prefetch, "prefetch")
         _set(self, "image_size", _image_size(self.image_size))
+        # The pixel budget resolved once, here (WDSMP_MAX_IMAGE_PIXELS read as the loader is made),
+        # not for every image in the workers.
+        _set(self, "decode", replace(self.decode, max_pixels=loader_pixel_budget(self.decode.max_pixels,
+                                                                                *self.image_size)))
         if not (self.label is None or callable(self.label) or (isinstance(self.label, str) and self.label)):
             raise ValueError(f"label must be an extension name, a function or None, not {self.label!r}")
         _set(self, "image_keys", _extensions(self.image_keys, "image_keys"))

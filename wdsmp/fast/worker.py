@@ -43,6 +43,7 @@ from typing import Callable, Optional, Tuple, Union
 
 import numpy as np
 
+from .._seeding import SampleDraws
 from ..epochplan import EpochPlanner
 from ..errors import SampleError, WdsmpError
 from ..ranges import buffer_shuffled, read_ranges
@@ -248,6 +249,7 @@ class _Stream:
         self.samples = self.skipped = self.padded = 0
         self.index = plan.skip_batches  # the number of the stream's next batch
         self.last_good = None  # a copy of the last row of the last full batch: {field: array}
+        self.augment_seed = make_seed(plan.seed, "augment")  # each sample's draws come from it and its number
 
     def _handle(self, exn):
         """The user's handler on a bad sample or shard: True to go on (counted as skipped)."""
@@ -411,7 +413,7 @@ class _Stream:
                               f"it has {_fields(sample)}", url, key)
         # Each sample's own draws, seeded by its place in the stream: a resumed stream draws the
         # crops of an uninterrupted one.
-        augment = random.Random(make_seed(self.plan.seed, "augment", number)) if config.decode.train else None
+        augment = SampleDraws(self.augment_seed, number) if config.decode.train else None
         info = decode_with_options(sample[ext], arrays[IMAGES][row], config.decode, augment, url=url,
                                    member=ext if key is None else f"{key}.{ext}", clock=clock)
         if config.label is not None:
