@@ -68,7 +68,7 @@ _SCRIPT = textwrap.dedent("""
     if __name__ == "__main__":
         print(pool.main_module()[0], pool.refers_to_main(target), pool.refers_to_main(len))
         workers = WorkerPool(target, [()], "spawn", main=True)
-        [(_, message)] = workers.receive([0], 60)
+        message = workers.receive([0], 60)[0][1]
         workers.stop()
         print(*message)
 """)

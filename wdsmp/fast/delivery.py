@@ -37,18 +37,19 @@ NOTE [loader protocol]
       takes the workers' end-of-epoch messages first (``Delivery.leave``).
 
 NOTE [next epoch ahead]
-    With known sample counts the loader knows which batch is an epoch's last.
-    When that batch is taken from its worker, every worker has its whole part
-    of the epoch made or under way, and the loader sends the next epoch's
-    tasks right behind (epoch + 1, unless ``set_epoch`` or ``load_state_dict``
-    asked for another). Each worker takes its task as it finishes the epoch
-    before, so the next epoch's first batches are made while the training
-    loop works on the last ones, as DataLoader's prefetching does within an
-    epoch. A worker's messages of the next epoch come after its end of this
-    one in its pipe, so this epoch stops listening to a worker once it has
-    ended its streams, and the next ``Delivery`` reads on from there. If the
-    next ``iter()`` asks for another epoch than the one sent ahead, the
-    workers are stopped and new ones start, as for an epoch left unfinished.
+    Once every stream of the epoch has ended (each worker says so right after
+    its last batch is made, and the loader reads what came at every
+    ``next()``), the loader sends the next epoch's tasks (epoch + 1, unless
+    ``set_epoch`` or ``load_state_dict`` asked for another). The batches of
+    this epoch still to be handed out wait in their slots; each slot handed
+    back then goes to the next epoch's first batches, which are made while
+    the training loop works on this epoch's last ones, as DataLoader's
+    prefetching does within an epoch. A worker's messages of the next epoch
+    come after its end of this one in its pipe, so this epoch stops listening
+    to a worker once it has ended its streams, and the next ``Delivery``
+    reads on from there. If the next ``iter()`` asks for another epoch than
+    the one sent ahead, the workers are stopped and new ones start, as for an
+    epoch left unfinished.
 
 NOTE [stalled workers]
     A worker that is stopped (SIGSTOP), blocked in a read that never returns
@@ -94,8 +95,8 @@ class Delivery:
     before a ``TimeoutError``; None waits as long as the workers live), ``stall_timeout``
     (seconds the awaited worker may show no sign of life before a ``WorkerError``; NOTE
     [stalled workers]) and ``ahead``, a weak reference (``weakref.WeakMethod``) to the loader's
-    function that sends the next epoch's tasks once this one's last batch is taken (NOTE [next
-    epoch ahead]).
+    function that sends the next epoch's tasks once every stream of this one has ended (NOTE
+    [next epoch ahead]).
 
     Where the epoch stands, for ``state_dict``: ``handed`` (each stream's batches given to the
     user), ``consumed`` (each stream's items behind them), ``handed_out`` (all of them)."""
@@ -115,6 +116,7 @@ class Delivery:
         self.total = [None] * plan.num_streams  # each stream's batch count, once it is done
         self.pending = {}  # (stream, index) -> its BatchReady, arrived ahead of its turn
         self.held = None  # the BatchReady whose slot the user holds (NOTE [batch lifetime])
+        self.all_made = False  # every stream has ended: the next epoch's tasks may go (NOTE [next epoch ahead])
         self.all_taken = False  # every planned batch taken from the workers (known counts only)
         self.finished = False  # no more batches will come
         self.complete = False  # ... and all were handed out: ``state_dict`` moves to the next epoch
@@ -162,6 +164,9 @@ class Delivery:
         self.resources.check_open()
         started, waiting = time.monotonic(), perf_counter_ns()
         try:
+            if not self.all_made:  # read what came meanwhile: the epoch's end, as soon as it is made
+                for worker, message in self.workers.pool.receive(self._listening(), 0.0):
+                    self._dispatch(worker, message)
             while True:
                 stream = self._next_stream()
                 if stream is None:
@@ -176,11 +181,7 @@ class Delivery:
             raise
         self.delivered[stream] += 1
         self.stats.add_batch(message, perf_counter_ns() - waiting, self.plan.epoch)
-        if not self.all_taken and self._last_batch_delivered():
-            self.all_taken = True
-            send_ahead = None if self.ahead is None else self.ahead()  # NOTE [next epoch ahead]
-            if send_ahead is not None:
-                send_ahead(self.plan.epoch)
+        self.all_taken = self.all_taken or self._last_batch_delivered()
         return message
 
     def _last_batch_delivered(self):
@@ -264,6 +265,11 @@ class Delivery:
         elif isinstance(message, WorkerDone):
             self.total[message.stream] = message.batches
             self.stats.add_stream_end(message.skipped, message.padded)
+            if not self.all_made and all(total is not None for total in self.total):
+                self.all_made = True
+                send_ahead = None if self.ahead is None else self.ahead()  # NOTE [next epoch ahead]
+                if send_ahead is not None:
+                    send_ahead(self.plan.epoch)
         elif isinstance(message, WorkerWarning):
             message.reissue()
         elif isinstance(message, WorkerFailed):

@@ -265,7 +265,7 @@ class FastLoader:
         return EpochIterator(self, self._delivery)
 
     def _send_ahead(self, current):
-        """Send the workers the next epoch's tasks as the last batch of epoch ``current`` is taken,
+        """Send the workers the next epoch's tasks once every stream of epoch ``current`` has ended,
         unless another epoch comes next (NOTE [next epoch ahead] in ``delivery.py``)."""
         workers = self._resources.workers
         if (self._resume is not None or self.epoch == current or workers is None or workers.broken

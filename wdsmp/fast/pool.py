@@ -264,19 +264,23 @@ class WorkerPool:
         except (OSError, ValueError):  # a broken pipe, or closed by stop()
             return False
 
-    def receive(self, workers, timeout):
-        """``[(worker, message), ...]``: one message from each of ``workers`` with one waiting,
-        waiting up to ``timeout`` seconds for the first; the message is :data:`EOF` where a
+    def receive(self, workers, timeout, most=64):
+        """``[(worker, message), ...]``: the messages waiting from ``workers`` (at most ``most`` from
+        each), waiting up to ``timeout`` seconds for the first; the message is :data:`EOF` where a
         worker's pipe has closed (it exited; it is not listened to again)."""
         connections = {self.outboxes[w]: w for w in workers if not self.outboxes[w].closed}
         received = []
         for connection in wait(list(connections), timeout):
             worker = connections[connection]
-            try:
-                received.append((worker, connection.recv()))
-            except (EOFError, OSError):
-                connection.close()
-                received.append((worker, EOF))
+            for _ in range(most):
+                try:
+                    received.append((worker, connection.recv()))
+                except (EOFError, OSError):
+                    connection.close()
+                    received.append((worker, EOF))
+                    break
+                if not connection.poll():
+                    break
         return received
 
     def dead(self):
