@@ -8,7 +8,9 @@ import json
 import pickle
 import shutil
 import subprocess
+import sys
 import tarfile
+import textwrap
 
 import cbor2
 import msgpack
@@ -657,3 +659,48 @@ def test_mp_and_cbor_dumps_round_trip():
     value = {"a": [1, 2.5, "x"], "b": b"raw"}
     assert msgpack.unpackb(mp_dumps(value), raw=False) == value
     assert cbor2.loads(cbor_dumps(value)) == value
+
+
+_EXITS = textwrap.dedent("""
+    import itertools, sys
+    import wdsmp
+
+    def samples(path):
+        with wdsmp.TarWriter(path) as sink:
+            for i in itertools.count():
+                sink.write({"__key__": f"k{i}", "txt": "x"})
+                yield i
+
+    if __name__ == "__main__":
+        how, directory = sys.argv[1], sys.argv[2]
+        if how == "generator closed":
+            print(list(itertools.islice(samples(directory + "/gen.tar"), 3)))  # the consumer stops
+            sys.exit(0)
+        with wdsmp.ShardWriter(directory + "/s-%02d.tar", maxcount=2, index=True) as sink:
+            for i in range(3):
+                sink.write({"__key__": f"k{i}", "txt": "x"})
+            if how == "interrupted":
+                raise KeyboardInterrupt
+            sys.exit(0 if how == "exit 0" else None if how == "exit" else 3)
+""")
+
+
+@pytest.mark.parametrize("how, code, kept", [
+    ("exit 0", 0, True), ("exit", 0, True), ("exit 3", 3, False), ("interrupted", -2, False),
+    ("generator closed", 0, True)])
+def test_a_clean_exit_finishes_the_archive_and_a_real_error_abandons_it(tmp_path, how, code, kept):
+    """sys.exit(0) in a ShardWriter block, or a generator writing in a TarWriter block closed by
+    its consumer, finish what was written (the last shard and the index); sys.exit(3) and Ctrl-C
+    (which may come between a sample's members) abandon the shard being written."""
+    script = tmp_path / "write.py"
+    script.write_text(_EXITS)
+    result = subprocess.run([sys.executable, str(script), how, str(tmp_path)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == code, result.stderr[-3000:]
+    if how == "generator closed":
+        assert read_members(str(tmp_path / "gen.tar")) == {f"k{i}.txt": b"x" for i in range(3)}
+        return
+    assert read_members(str(tmp_path / "s-00.tar")) == {"k0.txt": b"x", "k1.txt": b"x"}  # finished before
+    assert (tmp_path / "s-01.tar").exists() == kept and (tmp_path / "index.json").exists() == kept
+    if kept:
+        assert read_members(str(tmp_path / "s-01.tar")) == {"k2.txt": b"x"}

@@ -32,7 +32,9 @@ status is ours, not the command's, and is not reported. Every path waits for
 the process, so none is left a zombie.
 
 NOTE [abandoned writes]: a writer that gives up (an exception inside ``with
-TarWriter(...)``) must not leave output that looks complete. :func:`abandon`
+TarWriter(...)``; not ``sys.exit(0)`` nor a generator closed by its consumer,
+which end the writing as a normal exit does) must not leave output that looks
+complete. :func:`abandon`
 ends a stream opened for writing without completing it: an upload
 (``http``, ``s3``) is discarded, never sent; a ``pipe:`` command is
 terminated before its input ends, so a command that commits on end of input

@@ -80,6 +80,17 @@ __all__ = [
     "torch_dumps",
 ]
 
+def _leaves_cleanly(exn):
+    """Whether a ``with`` block that ended with ``exn`` (None: none) finished its writing: it
+    ended normally, by ``sys.exit(0)`` (or ``sys.exit()``), or as a generator closed by its
+    consumer (``GeneratorExit``: the consumer stopped asking, after whole samples); the archive
+    is then finished. Any other exception, ``KeyboardInterrupt`` too (it may come between a
+    sample's members), abandons it (NOTE [abandoned writes] in ``gopen.py``)."""
+    if exn is None or isinstance(exn, GeneratorExit):
+        return True
+    return isinstance(exn, SystemExit) and exn.code in (0, None)
+
+
 # Member names.
 
 
@@ -219,7 +230,7 @@ class TarWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
+        if _leaves_cleanly(exc):
             self.close()
         else:
             self.abort()
@@ -413,7 +424,7 @@ class ShardWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
+        if _leaves_cleanly(exc):
             self.close()
         else:
             self.abort()
