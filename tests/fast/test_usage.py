@@ -29,10 +29,23 @@ _SCRIPT = textwrap.dedent("""
         return iter(FastLoader(URLS, batch_size=4, num_workers=2, image_size=16))
 
 
+    class Labels(torch.utils.data.IterableDataset):
+        # A dataset whose DataLoader worker runs a FastLoader of its own.
+
+        def __init__(self, urls, start_method):
+            self.urls, self.start_method = urls, start_method
+
+        def __iter__(self):
+            for images, labels in FastLoader(self.urls, batch_size=4, num_workers=2, image_size=16,
+                                             start_method=self.start_method):
+                yield labels
+
+
     def workers():
-        # The script's child processes but multiprocessing's resource tracker.
+        # The script's child processes but multiprocessing's resource tracker and fork server.
         children = [p for p in psutil.Process().children() if p.status() != psutil.STATUS_ZOMBIE]
-        return [p for p in children if "resource_tracker" not in " ".join(p.cmdline())]
+        return [p for p in children if not any(helper in " ".join(p.cmdline())
+                                               for helper in ("resource_tracker", "forkserver"))]
 
 
     def gone(seconds=10):
@@ -66,6 +79,14 @@ _SCRIPT = textwrap.dedent("""
             else:
                 sys.exit()
             print("error", named, torch.cuda.is_available(), gone())
+        elif form in ("in a DataLoader worker", "forked in a DataLoader worker"):
+            try:
+                method = "fork" if form.startswith("forked") else "spawn"
+                loader = torch.utils.data.DataLoader(Labels(URLS, method), batch_size=None, num_workers=1,
+                                                     multiprocessing_context="forkserver")
+                print("batches", sum(1 for _ in loader), gone())
+            except Exception as exn:
+                print("error", "start_method='spawn' (the default)" in str(exn), gone())
         elif form == "dropped":
             batches = iter(FastLoader(URLS, batch_size=4, num_workers=2, image_size=16))
             next(batches)
@@ -105,11 +126,18 @@ def _run(tmp_path, form, urls):
     ("islice", ["batches", "3 True"]),
     ("function", ["batches", f"{SHARDS * PER_SHARD // BATCH} True"]),
     ("dropped", ["workers", "2 True"]),
+    ("in a DataLoader worker", ["batches", f"{SHARDS * PER_SHARD // BATCH} True"]),
 ])
 def test_the_loader_as_a_temporary_lives_as_long_as_its_iterator(tmp_path, urls, form, expected):
     """Each form gets its batches, and the loader's workers and ring are gone once it ends (the
     dropped one within seconds of ``del``), with no close() and no ``with``."""
     assert _run(tmp_path, form, urls) == expected
+
+
+def test_a_loader_in_a_dataloader_worker_spawns_its_workers_and_a_forking_one_says_why_not(tmp_path, urls):
+    """A DataLoader worker is a daemonic process, which multiprocessing lets start no process:
+    spawned FastLoader workers need none of it; fork is refused at construction, saying so."""
+    assert _run(tmp_path, "forked in a DataLoader worker", urls) == ["error", "True True"]
 
 
 def test_cuda_inline_gives_batches_on_a_gpu_and_an_error_naming_cuda_without(tmp_path, urls):

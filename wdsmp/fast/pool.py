@@ -211,6 +211,10 @@ class WorkerPool:
             raise
 
     def _fork(self, target, argsets, name):
+        if multiprocessing.current_process().daemon:
+            raise ValueError("start_method='fork' cannot start workers from a daemonic process (a DataLoader's "
+                             "worker, say): multiprocessing refuses it; use start_method='spawn' (the default), "
+                             "whose workers need no multiprocessing")
         ctx = multiprocessing.get_context("fork")
         for i, args in enumerate(argsets):
             inbox, to_worker = _pipe()
