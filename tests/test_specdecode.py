@@ -155,3 +155,15 @@ def test_the_native_image_shares_the_pixels_and_lets_them_go():
     image.resize((3, 2)).load()
     del image
     assert sys.getrefcount(pixels) == before  # the image gave its reference back
+
+
+def test_a_16_bit_grey_png_decodes_as_webdataset_decodes_it_with_a_warning():
+    """decode("rgb8") is Pillow's convert, as in webdataset: a 16-bit grey image comes out
+    clipped at 255, and a warning says so and what to do (FastLoader scales it instead)."""
+    grey = (np.arange(40 * 50, dtype=np.uint16).reshape(40, 50) * 30)
+    stream = io.BytesIO()
+    PIL.Image.fromarray(grey).save(stream, "PNG")
+    with pytest.warns(UserWarning, match=r"16-bit grey \(I;16\).*every value above 255 into 255.*'pil'"):
+        pixels = autodecode.imagehandler("rgb8")("png", stream.getvalue())
+    assert pixels.dtype == np.uint8 and pixels.max() == 255
+    np.testing.assert_array_equal(pixels[..., 0], np.asarray(PIL.Image.fromarray(grey).convert("RGB"))[..., 0])

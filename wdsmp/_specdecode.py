@@ -29,6 +29,7 @@ Pillow's.
 
 import functools
 import io
+import warnings
 
 import numpy as np
 
@@ -154,6 +155,10 @@ def _pil_image(data, mode, budget):
         check_size(image.height, image.width, what)
         check_budget(image.height, image.width, budget, what)
         image.load()
+    if image.mode.startswith("I;16") and mode in ("L", "RGB", "RGBA"):
+        warnings.warn(f"{what} is 16-bit grey ({image.mode}), and Pillow's convert to {mode}, which this "
+                      f"decoder does as webdataset's does, turns every value above 255 into 255: decode it "
+                      f"with 'pil' and scale it yourself (FastLoader scales it to 8 bits)")
     return image.convert(mode)
 
 

@@ -290,6 +290,19 @@ def test_png(impl, mode):
     np.testing.assert_array_equal(out, want)
 
 
+def test_a_16_bit_grey_png_is_scaled_to_8_bits_not_clipped(impl):
+    """Pillow's convert("RGB") of an I;16 image makes every value above 255 into 255 (a photo all
+    white); the loader keeps the top 8 bits of each value."""
+    grey = (photo(90, 110)[:, :, 0].astype(np.uint16) * 257)  # 0..65535, the 8-bit photo's values x 257
+    stream = io.BytesIO()
+    PIL.Image.fromarray(grey).save(stream, "PNG")
+    assert PIL.Image.open(io.BytesIO(stream.getvalue())).mode == "I;16"
+    out, info = decode(stream.getvalue(), (48, 48))
+    assert info.kind == "pil"
+    np.testing.assert_array_equal(out, raw_reference(np.ascontiguousarray(photo(90, 110)[:, :, :1]), (48, 48)))
+    assert out.max() - out.min() > 100  # not a flat 255
+
+
 def raw_reference(pixels, size):
     want = np.zeros(size + (pixels.shape[2],), np.uint8)
     kernel()(pixels, *center_crop_box(*pixels.shape[:2], size), want, False)

@@ -251,7 +251,11 @@ def _pil_pixels(data, box_of, out_size, dct_scaling, budget):
             image.draft(image.mode, (-(-width * n // 8), -(-height * n // 8)))
         check_budget(image.height, image.width, budget, what)
         image.load()
-        pixels = np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
+        if image.mode.startswith("I;16"):  # 16-bit grey: scaled to 8 bits, where Pillow's convert clips at 255
+            grey = (np.asarray(image).astype(np.uint16) >> 8).astype(np.uint8)
+            pixels = np.repeat(grey[:, :, None], 3, axis=2)
+        else:
+            pixels = np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
     sy, sx = pixels.shape[0] / height, pixels.shape[1] / width
     y0, x0 = box[0] * sy, box[1] * sx
     scaled = (y0, x0, min(box[2] * sy, pixels.shape[0] - y0), min(box[3] * sx, pixels.shape[1] - x0))
