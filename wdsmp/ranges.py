@@ -78,25 +78,34 @@ def _counted(samples, shard, count, damaged):
     ranks together): samples past the count are skipped this epoch, samples
     the shard lacks are missing (the loader pads their rows). Both are said
     in a warning that names the shard and both counts, as soon as a range
-    meets the shard's real end.
+    meets the shard's real end. A range that ends at the count holds its last
+    sample back until the next read says whether the shard ends there: a
+    reader that stops at its planned last sample (a stream's last batch) would
+    otherwise never see the samples past it.
     """
     position = 0  # samples of the shard seen, from its start
+    last = None  # the range's last sample, where the range ends at the count
     for sample in samples:
         if position >= shard.stop:
             if shard.stop < count:
                 return  # the rest of the shard is another range's
+        elif position + 1 == shard.stop == count and position >= shard.start:
+            last = sample
         elif position >= shard.start:
             yield sample
         position += 1
-    if damaged or shard.stop <= position <= count:
-        return  # read as planned, or damaged (the handler was told), or the shortfall is another range's
-    stale = f"stale sample count: shard {redacted(shard.url)!r} has {position} samples, not the {count} the epoch was planned with"
-    if position > count:
-        warnings.warn(f"{stale}; its last {position - count} are skipped this epoch. Rebuild the index (wdsmp index)")
-    else:
-        warnings.warn(f"{stale}; {shard.stop - max(position, shard.start)} of the samples planned from it "
-             f"({shard.start}..{shard.stop - 1}) are not there, and their rows are padded with repeats "
-             f"so that every rank still gets its planned batches. Rebuild the index (wdsmp index)")
+    if not damaged and not shard.stop <= position <= count:  # read as planned, or the shortfall is another range's
+        stale = (f"stale sample count: shard {redacted(shard.url)!r} has {position} samples, not the {count} the "
+                 f"epoch was planned with")
+        if position > count:
+            warnings.warn(f"{stale}; its last {position - count} are skipped this epoch. Rebuild the index "
+                          f"(wdsmp index)")
+        else:
+            warnings.warn(f"{stale}; {shard.stop - max(position, shard.start)} of the samples planned from it "
+                          f"({shard.start}..{shard.stop - 1}) are not there, and their rows are padded with repeats "
+                          f"so that every rank still gets its planned batches. Rebuild the index (wdsmp index)")
+    if last is not None:
+        yield last
 
 
 def buffer_shuffled(samples, size, rng):

@@ -106,6 +106,23 @@ def test_a_stale_count_is_a_warning_naming_the_shard_and_both_counts(shard, tmp_
     assert not any("other.tar" in text for text in stale)
 
 
+@pytest.mark.parametrize("first", [False, True])
+def test_a_too_small_count_is_seen_also_on_the_last_shard_a_stream_reads(shard, tmp_path, first):
+    """An index saying 10 for a shard of 24, read last (or first) by its stream, unshuffled: the
+    stream stops at its planned last sample, so only a look past it tells the shard goes on.
+    FastLoader and ExactSamples warn in both places (they used to, for the shard read last, deliver
+    the planned samples and say nothing, every epoch)."""
+    other = _shard(tmp_path / "other.tar", count=8)
+    table = [(shard, 10), (other, 8)] if first else [(other, 8), (shard, 10)]
+    message = rf"shard '.*part.tar' has {PER_SHARD} samples, not the 10 the epoch was planned with; its last 14"
+    with pytest.warns(UserWarning, match=message):
+        with _loader(table, keys=True, batch_size=2, train=False) as loader:
+            assert len(_keys(loader)) == 18
+    with pytest.warns(UserWarning, match=message):
+        keys = [sample["__key__"] for sample in wdsmp.ExactSamples(table, batch_size=2, shuffle=False)]
+    assert len(keys) == 18
+
+
 # -- labels and fields that do not fit
 
 
