@@ -89,13 +89,65 @@ def test_counts_are_kept_and_refreshed_when_a_shard_changes(tmp_path):
     entries = json.loads(kept.read_text())
     assert entries["directory"] == str(tmp_path / "data")
     # what is kept is what is served: a count planted there comes back while the file is unchanged ...
-    entries["shards"]["train-000001.tar"][2] = 999
+    entries["shards"]["train-000001.tar"]["samples"] = 49
     kept.write_text(json.dumps(entries))
-    assert count_local_shards(urls, str(cache))[urls[1]] == 999
+    assert count_local_shards(urls, str(cache))[urls[1]] == 49
     # ... and a rewritten shard (another size or mtime) is counted again
     _shard(urls[1], 51, "new-")
     assert count_local_shards(urls, str(cache))[urls[1]] == 51
-    assert json.loads(kept.read_text())["shards"]["train-000001.tar"][2] == 51
+    assert json.loads(kept.read_text())["shards"]["train-000001.tar"]["samples"] == 51
+    assert (cache.stat().st_mode & 0o777) == 0o700  # made private
+
+
+def test_a_shard_rewritten_at_the_same_size_with_its_mtime_put_back_is_counted_again(tmp_path):
+    """tar pads to 10,240-byte records: 3 and 4 small samples make files of one size; ``cp -p``,
+    ``rsync -t`` and ``tar x`` put the mtime back. The inode or the ctime still tell."""
+    (tmp_path / "data").mkdir()
+    url = _shard(tmp_path / "data" / "x.tar", 3)
+    cache = str(tmp_path / "cache")
+    assert count_local_shards([url], cache) == {url: 3}
+    before = os.stat(url)
+    rewritten = _shard(tmp_path / "x.tar", 4)
+    assert os.stat(rewritten).st_size == before.st_size
+    os.replace(rewritten, url)  # a new file (inode) in its place, as cp -p or tar x leave
+    os.utime(url, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert count_local_shards([url], cache) == {url: 4}
+    with open(url, "r+b") as stream:  # rewritten in place: the same inode, but a new ctime
+        stream.write(open(_shard(tmp_path / "y.tar", 3), "rb").read())
+    os.utime(url, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert count_local_shards([url], cache) == {url: 3}
+
+
+@pytest.mark.parametrize("planted", [0, -5, 2.5, "7", True, None, 10**15, [1], {"samples": 3}])
+def test_a_planted_or_broken_count_is_counted_again(tmp_path, planted):
+    """An entry no file of that size could have (or of another type) is never served: a count of 0
+    dropped the shard from every epoch, 1e15 made an endless padded one, and the others blamed
+    the shard."""
+    urls = _shards(tmp_path / "data", (5,))
+    cache = tmp_path / "cache"
+    count_local_shards(urls, str(cache))
+    (kept,) = cache.iterdir()
+    entries = json.loads(kept.read_text())
+    entries["shards"]["train-000000.tar"]["samples"] = planted
+    kept.write_text(json.dumps(entries))
+    assert count_local_shards(urls, str(cache)) == {urls[0]: 5}
+
+
+def test_a_cache_file_nested_too_deep_or_not_this_users_is_ignored(tmp_path):
+    urls = _shards(tmp_path / "data", (5,))
+    cache = tmp_path / "cache"
+    count_local_shards(urls, str(cache))
+    (kept,) = cache.iterdir()
+    good = kept.read_text()
+    kept.write_text("[" * 100_000 + "]" * 100_000)  # RecursionError in json, not a ValueError
+    assert count_local_shards(urls, str(cache)) == {urls[0]: 5}
+    if os.getuid() != 0:
+        pytest.skip("giving the file to another user needs root")
+    entries = json.loads(good)
+    entries["shards"]["train-000000.tar"]["samples"] = 3
+    kept.write_text(json.dumps(entries))
+    os.chown(kept, 12345, 12345)  # another user's file at the name this user's cache would have
+    assert count_local_shards(urls, str(cache)) == {urls[0]: 5}
 
 
 def test_the_default_place_is_the_users_cache_directory(tmp_path, monkeypatch):
@@ -127,7 +179,7 @@ def test_processes_counting_at_once_keep_the_cache_valid(tmp_path):
         assert process.exitcode == 0
     (kept,) = [p for p in os.scandir(cache)]  # no temp left behind
     shards = json.loads(open(kept.path).read())["shards"]
-    assert {name: entry[2] for name, entry in shards.items()} == dict(
+    assert {name: entry["samples"] for name, entry in shards.items()} == dict(
         (os.path.basename(u), n) for u, n in zip(urls, (3, 4, 5, 6)) if os.path.basename(u) in shards)
     assert count_local_shards(urls, cache) == dict(zip(urls, (3, 4, 5, 6)))
 

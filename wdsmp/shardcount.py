@@ -65,13 +65,18 @@ def count_local_shard(path, url=None, handler=reraise_exception):
 
 class CountCache:
     """Sample counts of local shards kept on disk under ``root``: one small JSON file per
-    directory of shards, each count filed under the shard's name with its size and mtime, so
-    a shard rewritten since is counted again.
+    directory of shards, each count filed under the shard's name with what identifies that
+    version of the file (size, mtime, inode and ctime: a shard rewritten since, also one whose
+    mtime was put back by ``cp -p`` or ``rsync -t``, is counted again).
 
     The files are dot files (``.shardcounts-<hash of the directory>.json``), which the shard
     cache, when it shares ``root``, neither evicts nor counts. Written atomically (temp beside,
     rename), merged with what is there: processes writing at once (the ranks of a node) lose
-    at most each other's new entries, never a count's correctness.
+    at most each other's new entries, never a count's correctness. What is read is checked, as
+    a planted count would take samples out of every epoch: a file that is not this user's (the
+    names are predictable, and ``root`` may be shared) is ignored, and so is an entry that is
+    not a count a file of its size can hold (at least 1, at most one per 512-byte tar header);
+    those shards are counted again. ``root`` is made private (mode 0700) when made here.
     """
 
     def __init__(self, root):
@@ -83,10 +88,16 @@ class CountCache:
 
     def _read(self, directory):
         try:
-            with open(self._file(directory)) as stream:
+            fd = os.open(self._file(directory), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            return {}  # none yet, or a link: counted again
+        try:
+            with os.fdopen(fd) as stream:
+                if os.fstat(stream.fileno()).st_uid != os.getuid():
+                    return {}
                 entries = json.load(stream)
-        except (OSError, ValueError):
-            return {}  # none yet, or unreadable: counted again
+        except (OSError, ValueError, RecursionError):
+            return {}  # unreadable: counted again
         if not isinstance(entries, dict) or entries.get("directory") != directory:
             return {}
         shards = entries.get("shards")
@@ -94,14 +105,17 @@ class CountCache:
 
     def lookup(self, paths):
         """``{path: count}`` for those of ``paths`` (real paths, with their ``os.stat_result``
-        as values) whose count is kept and still fits their size and mtime."""
+        as values) whose count is kept, fits the file as it is now, and could be its count."""
         found = {}
         for directory, group in _by_directory(paths).items():
             kept = self._read(directory)
             for path, info in group.items():
                 entry = kept.get(os.path.basename(path))
-                if isinstance(entry, list) and entry[:2] == [info.st_size, info.st_mtime_ns]:
-                    found[path] = entry[2]
+                if not isinstance(entry, dict) or entry.get("file") != _identity(info):
+                    continue
+                count = entry.get("samples")
+                if type(count) is int and 0 < count <= info.st_size // 512:
+                    found[path] = count
         return found
 
     def store(self, counts):
@@ -110,16 +124,21 @@ class CountCache:
         for directory, group in _by_directory(counts).items():
             path = self._file(directory)
             shards = self._read(directory)
-            shards.update({os.path.basename(p): [info.st_size, info.st_mtime_ns, n] for p, (info, n) in group.items()})
+            shards.update({os.path.basename(p): {"file": _identity(info), "samples": n} for p, (info, n) in group.items()})
             text = json.dumps({"directory": directory, "shards": shards}, separators=(",", ":"))
             try:
-                os.makedirs(self.root, exist_ok=True)
+                os.makedirs(self.root, mode=0o700, exist_ok=True)
                 with atomic_write(path, f"{path}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}") as temp:
                     with open(temp, "w") as stream:
                         stream.write(text)
             except OSError as exn:
                 warnings.warn(f"cannot keep the sample counts of the shards in {directory} in {path} ({exn}); "
                               f"they will be counted again", RuntimeWarning, stacklevel=3)
+
+
+def _identity(info):
+    """What tells one version of a file from another, from its ``os.stat_result``."""
+    return [info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns]
 
 
 def _by_directory(items):
