@@ -3,8 +3,9 @@
 Both decode paths (``autodecode`` and FastLoader's ``fast.imagedecode``) sniff JPEGs
 and refuse oversized headers the same way, so the facts live here, below both.
 A few bytes of header can claim gigabytes of pixels (a decompression bomb): a
-claim beyond ``MAX_SIDE`` per side or ``MAX_PIXELS`` in all is refused before
-anything is allocated. Below those limits an image still costs memory in
+claim beyond ``MAX_SIDE`` per side (65,500, the most libjpeg-turbo decodes: a
+40000x600 panorama is an image) or ``MAX_PIXELS`` in all (256 Mi) is refused
+before anything is allocated. Below those limits an image still costs memory in
 proportion to its pixels (a 28-byte WebP or a 20 kB PNG can claim 13000 x 13000,
 2 GB as float RGB), so each decode path also holds an image to a per-image pixel
 budget before decoding it (:func:`check_budget`): ``max_image_pixels`` where the
@@ -21,7 +22,7 @@ __all__ = ["DEFAULT_MAX_IMAGE_PIXELS", "MAX_PIXELS", "MAX_SIDE", "ImageTooLarge"
            "check_budget", "check_size", "image_pixel_budget", "is_jpeg", "jpeg_size", "loader_pixel_budget",
            "webp_size"]
 
-MAX_SIDE = 32768
+MAX_SIDE = 65500  # the longest side libjpeg-turbo decodes (JPEG_MAX_DIMENSION); the area is held below
 MAX_PIXELS = 1 << 28
 DEFAULT_MAX_IMAGE_PIXELS = 1 << 26
 # FastLoader's default budget is at least this many times the output's pixels.

@@ -397,9 +397,9 @@ def png_header(width, height):
 
 @pytest.mark.parametrize("data, match", [
     (patched_sof(jpeg(16, 16), 60000, 60000), "JPEG image is 60000x60000 pixels, outside the limits"),
-    (patched_sof(jpeg(16, 16), 8, 40000), "40000x8"),
+    (patched_sof(jpeg(16, 16), 8, 65535), "65535x8"),  # a side longer than libjpeg-turbo's 65,500
     (patched_sof(jpeg(16, 16), 20000, 20000), "20000x20000"),  # 4e8 pixels > 2**28
-    (png_header(40000, 10), "PNG image is 40000x10 pixels, outside the limits"),
+    (png_header(70000, 10), "PNG image is 70000x10 pixels, outside the limits"),
     (png_header(60000, 60000), "decompression bomb"),  # Pillow's own check comes first
     (b"P6\n60000 60000\n255\n" + bytes(64), "PNM image is 60000x60000"),
 ], ids=["jpeg-60000x60000", "jpeg-side", "jpeg-pixels", "png-side", "png-bomb", "ppm"])
@@ -848,3 +848,22 @@ def test_a_large_jpeg_is_decoded_at_reduced_size_within_the_budget(monkeypatch):
     assert info.kind == "pil" and info.decoded == (375, 500) and info.height == 3000
     with pytest.raises(DecodeError, match="the JPEG image decodes to 4000x3000"):
         decode_into(cmyk, np.zeros((64, 64, 3), np.uint8), False, None, dct_scaling=False)
+
+
+def test_a_panorama_wider_than_32768_pixels_decodes(impl):
+    """40000x600 (24 megapixels, under every budget): Pillow and webdataset decode it, and so do
+    the loader and decode("rgb8"), as Pillow does."""
+    from wdsmp import autodecode
+
+    row = np.linspace(0, 255, 40000).astype(np.uint8)
+    pixels = np.ascontiguousarray(np.broadcast_to(row[None, :, None], (600, 40000, 3)))
+    data = simplejpeg.encode_jpeg(pixels, 90)
+    out, info = decode(data, (32, 64))
+    assert (info.height, info.width) == (600, 40000)
+    reference = np.asarray(PIL.Image.open(io.BytesIO(data)).convert("RGB"))
+    want = np.zeros_like(out)
+    kernel()(reference, *center_crop_box(600, 40000, (32, 64)), want, False)
+    mean, worst = diff(out, want)
+    assert mean < 1.0 and worst <= 4
+    decoded = autodecode.imagehandler("rgb8")("jpg", data)
+    assert decoded.shape == (600, 40000, 3) and diff(decoded, reference)[1] <= 1
