@@ -1,6 +1,7 @@
 """FastLoader against hostile data and processes: stages yielding None, stale indexes, values that do
 not fit, stopped and deadlocked workers. Real shards, real workers, real signals."""
 
+import functools
 import os
 import re
 import signal
@@ -18,7 +19,8 @@ import simplejpeg
 import wdsmp
 from wdsmp.errors import WorkerError
 from wdsmp.fast.loader import FastLoader
-from .workerfns import deadlock_at_six, none_at_five, out_of_range, sleep_a_second, three_point_seven
+from .workerfns import (busy_child_at_three, deadlock_at_six, hung_child_at_three, none_at_five, out_of_range,
+                        sleep_a_second, three_point_seven)
 
 SIZE = 16
 PER_SHARD = 24
@@ -164,6 +166,21 @@ def test_a_stalled_worker_is_killed_and_named_with_its_shard(shard, how):
     if how == "SIGSTOP":
         with _loader([(shard, PER_SHARD)], prefetch=1, stall_timeout=2) as loader:
             assert len(list(loader)) == len(loader)  # a worker waiting for slots is alive
+
+
+@pytest.mark.processes
+def test_a_program_a_stage_waits_for_is_the_workers_life_and_goes_with_it(shard, tmp_path):
+    """A stage waiting for a program that computes for longer than the stall timeout: the
+    worker shows no activity of its own, the program does; a program that hangs is a stall, and
+    is killed with the worker (it used to be left running)."""
+    with _loader([(shard, PER_SHARD)], prefetch=1, stall_timeout=1.5, stages=[busy_child_at_three]) as loader:
+        assert len(list(loader)) == len(loader)
+    pid_file = str(tmp_path / "child")
+    with _loader([(shard, PER_SHARD)], prefetch=1, stall_timeout=1.5,
+                 stages=[functools.partial(hung_child_at_three, pid_file)]) as loader:
+        with pytest.raises(WorkerError, match="made no progress"):
+            list(loader)
+    assert _gone(int(open(pid_file).read()))
 
 
 @pytest.mark.processes

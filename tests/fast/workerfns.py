@@ -125,3 +125,28 @@ def exit_with(inbox, outbox, code):
     """A ``WorkerPool`` target: says goodbye, then exits with ``code``."""
     outbox.send("goodbye")
     os._exit(code)
+
+
+def busy_child_at_three(samples):
+    """At k/003, wait for a program that computes for 3 s (the worker itself idle meanwhile)."""
+    import subprocess
+    import sys
+
+    for sample in samples:
+        if sample["__key__"] == "k/003":
+            subprocess.run([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 3: pass"],
+                           check=True)
+        yield sample
+
+
+def hung_child_at_three(path, samples):
+    """At k/003, wait for a program that never ends (its pid written to ``path`` first)."""
+    import subprocess
+
+    for sample in samples:
+        if sample["__key__"] == "k/003":
+            child = subprocess.Popen(["sleep", "600"])
+            with open(path, "w") as stream:
+                stream.write(str(child.pid))
+            child.wait()
+        yield sample

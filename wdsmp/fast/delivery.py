@@ -57,15 +57,17 @@ NOTE [stalled workers]
     and does not die, so neither the dead-worker check nor a batch timeout
     (``timeout=None`` by default) ends the wait. While the loader waits for
     a worker's batch it therefore samples that worker's activity as the
-    kernel counts it (``WorkerPool.activity``: CPU time, bytes read and
-    written through any file, socket or pipe, and its main thread's context
-    switches, one for every sleep, wait or blocking read that returned). Any
-    change, or any message from the worker, is a sign of life; a snapshot
-    unchanged for ``stall_timeout`` seconds (120 by default) is a stall: the
-    worker is killed and the loader raises a WorkerError naming it and the
-    shard it announced last. A slow worker is alive: a stage that sleeps 2 s
-    per sample wakes up, a slow download delivers bytes, a long computation
-    uses CPU. Nothing of this runs in the workers, nor while batches are
+    kernel counts it, with that of the processes it started (a program a
+    stage runs): ``WorkerPool.activity``, CPU time, bytes read and written
+    through any file, socket or pipe, and context switches, one for every
+    sleep, wait or blocking read that returned. Any change, or any message
+    from the worker, is a sign of life; a snapshot unchanged for
+    ``stall_timeout`` seconds (120 by default) is a stall: the worker is
+    killed, with the processes it started, and the loader raises a
+    WorkerError naming it and the shard it announced last. A slow worker is
+    alive: a stage that sleeps 2 s per sample wakes up, a slow download
+    delivers bytes, a long computation uses CPU, in the worker or in a
+    program it waits for. Nothing of this runs in the workers, nor while batches are
     ready: the hot path does not change. A busy loop in a stage looks alive
     (it is indistinguishable from a long computation): ``timeout`` bounds that.
 """

@@ -299,24 +299,34 @@ class WorkerPool:
         return [p.pid for p in self.processes]
 
     def activity(self, worker):
-        """What worker ``worker``'s process has done so far, as the kernel counts it: CPU time
-        (all threads), bytes read and written, and its main thread's context switches (each
-        sleep, wait or blocking read that returned). Two equal snapshots mean it did nothing in
-        between: stopped (SIGSTOP), stuck in a read that never returns, or deadlocked. None
-        when it cannot be read (the process is gone, or /proc says nothing)."""
+        """What worker ``worker``'s process and the processes it started (a program a stage
+        runs) have done so far, as the kernel counts it, each process apart: CPU time (all
+        threads), bytes read and written, and context switches (each sleep, wait or blocking
+        read that returned). Two equal snapshots mean none of them did anything in between:
+        stopped (SIGSTOP), stuck in a read that never returns, or deadlocked. None when the
+        worker cannot be read (it is gone, or /proc says nothing)."""
         import psutil
 
         try:
             process = psutil.Process(self.processes[worker].pid)
-            with process.oneshot():
-                cpu, switches = process.cpu_times(), process.num_ctx_switches()
-                try:
-                    io = process.io_counters()  # read_chars counts sockets and pipes too
-                except (psutil.AccessDenied, AttributeError):
-                    io = ()
+            family = [process, *process.children(recursive=True)]
         except (psutil.Error, OSError):
             return None
-        return cpu.user, cpu.system, switches.voluntary, switches.involuntary, tuple(io)
+        snapshot = []
+        for member in family:
+            try:
+                with member.oneshot():
+                    cpu, switches = member.cpu_times(), member.num_ctx_switches()
+                    try:
+                        io = member.io_counters()  # read_chars counts sockets and pipes too
+                    except (psutil.AccessDenied, AttributeError):
+                        io = ()
+            except (psutil.Error, OSError):
+                if member is process:
+                    return None
+                continue  # a child that ended meanwhile: the snapshot changes, a sign of life
+            snapshot.append((member.pid, cpu.user, cpu.system, switches.voluntary, switches.involuntary, tuple(io)))
+        return tuple(snapshot)
 
     def state(self, worker):
         """Worker ``worker``'s process state in the kernel's words ("stopped", "disk-sleep", ...)."""
@@ -328,8 +338,9 @@ class WorkerPool:
             return "unknown"
 
     def kill(self, worker):
-        """SIGKILL worker ``worker`` (a stopped process too; one in an uninterruptible read dies
-        when the read returns)."""
+        """SIGKILL worker ``worker`` and the processes it started (a stopped process too; one in
+        an uninterruptible read dies when the read returns)."""
+        _kill_children(self.processes[worker].pid)
         self.processes[worker].kill()
 
     def stop(self, timeout=5.0):
@@ -349,9 +360,26 @@ class WorkerPool:
             if not alive:
                 break
             for process in alive:
+                if escalate == "kill":
+                    _kill_children(process.pid)  # what the worker started goes with it
                 getattr(process, escalate)()
             for process in alive:
                 process.join(2.0)
+
+
+def _kill_children(pid):
+    """SIGKILL the processes that process ``pid`` started, and theirs."""
+    import psutil
+
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except (psutil.Error, OSError):
+        return
+    for child in children:
+        try:
+            child.kill()
+        except (psutil.Error, OSError):
+            pass
 
 
 def _pipe():
