@@ -86,3 +86,32 @@ def webp_of_zeros(width, height):
     body += b"\0" * (len(body) % 2)
     chunk = b"VP8L" + struct.pack("<I", len(body)) + body
     return b"RIFF" + struct.pack("<I", 4 + len(chunk)) + b"WEBP" + chunk
+
+
+def _progressive_jpeg(width, height, seed=0):
+    """A progressive JPEG (Pillow's: 10 scans) of noise."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 255, (height, width, 3), dtype=np.uint8)
+    stream = io.BytesIO()
+    Image.fromarray(pixels).save(stream, "JPEG", progressive=True, quality=85)
+    return stream.getvalue()
+
+
+def progressive_jpeg_claiming(width, height):
+    """A small progressive JPEG whose frame header (SOF2) claims ``width x height``: libjpeg-turbo
+    allocates coefficients for the whole claim before it reads a scan."""
+    data = _progressive_jpeg(64, 48)
+    at = data.index(b"\xff\xc2")
+    return data[:at + 5] + struct.pack(">HH", height, width) + data[at + 9:]
+
+
+def progressive_jpeg_with_repeated_scans(extra, width=512, height=512):
+    """A valid progressive JPEG with its last scan repeated ``extra`` more times before the
+    end-of-image marker: each repeat is decoded in full, at a few bytes of file each."""
+    data = _progressive_jpeg(width, height)
+    last = data.rindex(b"\xff\xda")
+    return data[:-2] + data[last:-2] * extra + data[-2:]

@@ -34,7 +34,7 @@ import warnings
 import numpy as np
 
 from . import native
-from .imagesize import MAX_PIXELS, MAX_SIDE, check_before_opening, check_budget, check_size, jpeg_size
+from .imagesize import MAX_PIXELS, MAX_SIDE, check_before_opening, check_budget, check_jpeg, check_size, jpeg_size
 
 __all__ = ["decode_image", "jpeg_image"]
 
@@ -53,6 +53,7 @@ def jpeg_image(data, mode, budget, lazy=False):
     if size is None:
         return None
     check_budget(*size, budget, "the JPEG image")
+    check_jpeg(data, budget)
     import PIL.Image
 
     try:
@@ -135,6 +136,7 @@ def _jpeg_pixels(data, mode, budget):
     if size is None:
         return None
     check_budget(*size, budget, "the JPEG image")
+    check_jpeg(data, budget)
     import simplejpeg
 
     try:

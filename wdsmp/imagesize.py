@@ -15,15 +15,20 @@ bomb warning at 89 Mi), which FastLoader raises for large outputs, since it
 decodes JPEGs at reduced size (:func:`loader_pixel_budget`).
 """
 
+import re
+import struct
+
 from . import _env
 from .validation import positive_int
 
-__all__ = ["DEFAULT_MAX_IMAGE_PIXELS", "MAX_PIXELS", "MAX_SIDE", "ImageTooLarge", "check_before_opening",
-           "check_budget", "check_size", "image_pixel_budget", "is_jpeg", "jpeg_size", "loader_pixel_budget",
-           "webp_size"]
+__all__ = ["DEFAULT_MAX_IMAGE_PIXELS", "MAX_PIXELS", "MAX_SCANS", "MAX_SIDE", "ImageTooLarge", "check_before_opening",
+           "check_budget", "check_jpeg", "check_size", "image_pixel_budget", "is_jpeg", "jpeg_size",
+           "loader_pixel_budget", "webp_size"]
 
 MAX_SIDE = 65500  # the longest side libjpeg-turbo decodes (JPEG_MAX_DIMENSION); the area is held below
 MAX_PIXELS = 1 << 28
+# Scans a progressive JPEG may have: encoders write about 10; repeating one burns CPU at each.
+MAX_SCANS = 256
 DEFAULT_MAX_IMAGE_PIXELS = 1 << 26
 # FastLoader's default budget is at least this many times the output's pixels.
 OUTPUT_BUDGET_FACTOR = 256
@@ -89,12 +94,95 @@ def webp_size(data):
 
 def check_before_opening(data, budget):
     """Refuse what Pillow would allocate for when merely opening it: a WebP (its decoder
-    makes the whole canvas at open) beyond the limits or ``budget``. Other formats are
-    checked once open, before their pixels are loaded."""
+    makes the whole canvas at open) beyond the limits or ``budget``; and a progressive JPEG
+    that costs more than it looks (``check_jpeg``). Other formats are checked once open,
+    before their pixels are loaded."""
     size = webp_size(data)
     if size is not None:
         check_size(*size, "the WEBP image")
         check_budget(*size, budget, "the WEBP image")
+    check_jpeg(data, budget)
+
+
+_PROGRESSIVE_FRAMES = (0xC2, 0xC6, 0xCA, 0xCE)  # SOF2, SOF6, SOF10, SOF14
+_FRAMES = set(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # SOFn; C4 is DHT, C8 reserved, CC DAC
+_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7]")  # in a scan's data only stuffed 0x00 and restarts follow 0xFF
+_SEGMENT = struct.Struct(">BBH")  # 0xFF, the marker, the segment's length
+_FRAME = struct.Struct(">BHHB")  # precision, height, width, components
+
+
+def check_jpeg(data, budget, what="the JPEG image"):
+    """Refuse, before any pixel is decoded, the progressive JPEGs that cost more than they look:
+    libjpeg-turbo holds a progressive file's every coefficient (2 bytes each, for every pixel of
+    every component, at full size whatever scale it decodes at), so their bytes are held to what
+    ``budget`` pixels of RGB would take; and it decodes every scan, so a file that repeats a scan
+    thousands of times burns seconds of CPU in a few kilobytes: more than :data:`MAX_SCANS` are
+    refused. ImageTooLarge for either; a baseline JPEG, or what is no JPEG or cannot be parsed,
+    passes (the decoders decide)."""
+    if not is_jpeg(data):
+        return
+    frame = _frame(data)
+    if frame is None or frame[0] not in _PROGRESSIVE_FRAMES:
+        return
+    _, components, height, width, first_scan = frame
+    coefficients = 2 * components * height * width
+    if coefficients > 3 * budget:
+        raise ImageTooLarge(f"{what} is progressive, {width}x{height} pixels of {components} components: "
+                            f"libjpeg-turbo holds all its {coefficients / 2**20:,.0f} MiB of coefficients whatever "
+                            f"size it decodes to, more than the budget of {budget} pixels per image allows "
+                            f"(max_image_pixels, or WDSMP_MAX_IMAGE_PIXELS); refusing to decode it")
+    scans = _count_scans(data, first_scan)
+    if scans > MAX_SCANS:
+        raise ImageTooLarge(f"{what} is progressive with {scans} scans, more than the {MAX_SCANS} a JPEG may "
+                            f"have here (encoders write about 10; each scan is decoded in full, so repeated "
+                            f"ones burn CPU); refusing to decode it")
+
+
+def _frame(data):
+    """``(SOF marker, components, height, width, offset of the first scan's header)`` of a JPEG,
+    from its segments before the first scan; None where they cannot be read."""
+    at, frame, size = 2, None, len(data)
+    try:
+        while at + 4 <= size:
+            tag, marker, length = _SEGMENT.unpack_from(data, at)
+            if tag != 0xFF:
+                return None
+            if marker == 0xFF:  # fill byte
+                at += 1
+            elif marker == 0xDA:  # the first scan
+                return None if frame is None else (*frame, at)
+            else:
+                if marker in _FRAMES:
+                    _, height, width, components = _FRAME.unpack_from(data, at + 4)
+                    frame = (marker, components, height, width)
+                at += 2 + length
+    except struct.error:  # a segment past the end
+        return None
+    return None
+
+
+def _count_scans(data, at):
+    """The scans of a JPEG, from the header of its first scan at offset ``at``: each scan's
+    entropy-coded data is skipped to the next marker (a regular expression, at C speed)."""
+    data = bytes(data)
+    scans = 0
+    while at + 4 <= len(data) and data[at] == 0xFF:
+        marker = data[at + 1]
+        if marker == 0xFF:  # fill byte
+            at += 1
+            continue
+        if marker == 0xD9:  # end of image
+            break
+        at += 2 + int.from_bytes(data[at + 2:at + 4], "big")
+        if marker == 0xDA:
+            scans += 1
+            if scans > MAX_SCANS:
+                break
+            found = _MARKER.search(data, at)
+            if found is None:
+                break
+            at = found.start()
+    return scans
 
 
 def is_jpeg(data):

@@ -867,3 +867,47 @@ def test_a_panorama_wider_than_32768_pixels_decodes(impl):
     assert mean < 1.0 and worst <= 4
     decoded = autodecode.imagehandler("rgb8")("jpg", data)
     assert decoded.shape == (600, 40000, 3) and diff(decoded, reference)[1] <= 1
+
+
+def test_progressive_jpeg_bombs_are_refused_under_a_memory_and_a_time_limit(tmp_path):
+    """A progressive JPEG claiming 16000 x 16000 (libjpeg-turbo holds all its coefficients, 1.5
+    GB, whatever scale it decodes at), and one whose last scan is repeated 2,000 times (each
+    decoded in full: minutes of CPU in a few hundred kilobytes): both refused before decoding,
+    by the loader and by decode("rgb8") and decode("pil"), in a child that could not hold the
+    first nor wait for the second."""
+    from tests.bombs import progressive_jpeg_claiming, progressive_jpeg_with_repeated_scans, run_limited
+
+    (tmp_path / "big.jpg").write_bytes(progressive_jpeg_claiming(16000, 16000))
+    (tmp_path / "scans.jpg").write_bytes(progressive_jpeg_with_repeated_scans(2000))
+    status, out = run_limited(f"""
+        import numpy as np
+        from wdsmp import autodecode
+        from wdsmp.fast.imagedecode import decode_into
+        out = np.zeros((224, 224, 3), np.uint8)
+        for name in ["big", "scans"]:
+            data = open(f"{tmp_path}/{{name}}.jpg", "rb").read()
+            try:
+                decode_into(data, out, False, None, url="s.tar", member=f"{{name}}.jpg")
+            except Exception as exn:
+                print(type(exn).__name__, exn)
+            for spec in ["rgb8", "pil"]:
+                try:
+                    autodecode.imagehandler(spec)("jpg", data)
+                except Exception as exn:
+                    print(spec, type(exn).__name__, exn)
+        """, timeout=60)
+    assert status == 0, out
+    assert re.search(r"DecodeError the JPEG image is progressive, 16000x16000 pixels of 3 components: "
+                     r"libjpeg-turbo holds all its 1,465 MiB of coefficients .*shard 's.tar', member 'big.jpg'", out), out
+    assert re.search(r"DecodeError the JPEG image is progressive with 257 scans, more than the 256 .*"
+                     r"member 'scans.jpg'", out), out
+    assert len(re.findall(r"^(rgb8|pil) ImageTooLarge .*refusing to decode it$", out, re.M)) == 4, out
+    assert len(re.findall(r"^(rgb8|pil) .*progressive with 257 scans", out, re.M)) == 2, out
+
+
+def test_an_ordinary_progressive_jpeg_decodes():
+    from tests.bombs import progressive_jpeg_with_repeated_scans
+
+    data = progressive_jpeg_with_repeated_scans(0, 300, 200)
+    out, info = decode(data, (64, 64))
+    assert (info.height, info.width) == (200, 300)

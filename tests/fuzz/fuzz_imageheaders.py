@@ -1,9 +1,13 @@
-"""Fuzz target: PNG and WebP files, headers first, through both image decoders and their budget.
+"""Fuzz target: PNG, WebP and progressive JPEG files, headers and scan sequences first, through
+both image decoders and their budget.
 
 Each input is one control byte and an image file. The seeds are small PNGs and WebPs that
 the script makes with Pillow (grey, RGB, RGBA, palette, 16-bit, interlaced; lossless, lossy,
-extended with alpha), and bombs: a PNG and a 28-byte WebP claiming far more pixels than the
-budget, which the fuzzer mutates (headers are where a bomb says how large it is). The
+extended with alpha), progressive JPEGs (Pillow's ten scans), and bombs: a PNG and a 28-byte
+WebP claiming far more pixels than the budget, a progressive JPEG whose frame header claims
+more coefficients than the budget holds, and one whose last scan is repeated past
+``imagesize.MAX_SCANS``, which the fuzzer mutates (headers and scan sequences are where a
+bomb says how large it is). The
 control byte picks the decoder: FastLoader's ``decode_into`` (eval or train crops into a
 small output), or ``autodecode.Decoder`` with an image spec; both with a budget of
 ``BUDGET`` pixels per image.
@@ -31,7 +35,8 @@ import PIL.Image
 import fuzzsupport
 
 sys.path.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))  # after any wdsmp
-from tests.bombs import png_of_zeros, webp_of_zeros  # noqa: E402
+from tests.bombs import (png_of_zeros, progressive_jpeg_claiming,  # noqa: E402
+                         progressive_jpeg_with_repeated_scans, webp_of_zeros)
 
 BUDGET = 1 << 16
 SPECS = ("rgb8", "l8", "torchrgb8", "pil")
@@ -95,6 +100,8 @@ def seeds():
             stream, "WEBP", **kw)
         images.append(stream.getvalue())
     images += [png_of_zeros(3000, 2000), png_of_zeros(40, 30), webp_of_zeros(13000, 13000), webp_of_zeros(60, 50)]
+    images += [progressive_jpeg_with_repeated_scans(0, 40, 30), progressive_jpeg_claiming(3000, 2000),
+               progressive_jpeg_with_repeated_scans(300, 16, 16)]
     return [bytes([control]) + image for image in images for control in (0x00, 0x01, 0x03)]
 
 

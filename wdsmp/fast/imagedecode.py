@@ -45,8 +45,8 @@ import numpy as np
 
 from .. import native
 from ..errors import DecodeError
-from ..imagesize import (MAX_PIXELS, MAX_SIDE, ImageTooLarge, check_before_opening, check_budget, check_size,
-                         is_jpeg, jpeg_size, loader_pixel_budget)
+from ..imagesize import (MAX_PIXELS, MAX_SIDE, ImageTooLarge, check_before_opening, check_budget, check_jpeg,
+                         check_size, is_jpeg, jpeg_size, loader_pixel_budget)
 from .options import DecodeOptions, positive_range, unit_fraction
 
 __all__ = [
@@ -272,6 +272,7 @@ def _jpeg_pixels(data, box_of, out_size, dct_scaling, region, budget):
     size = jpeg_size(data)
     if size is None:
         return None
+    check_jpeg(data, budget)
     import simplejpeg
 
     height, width = size

@@ -116,8 +116,10 @@ class FastLoader:
 
     Memory: an image is refused (a ``DecodeError`` for ``handler``) when it would decode to
     more than ``max_image_pixels`` pixels (default ``WDSMP_MAX_IMAGE_PIXELS``, else the larger
-    of 64 Mi and 256 times the output's pixels; JPEGs are decoded at reduced size first), and a
-    tar member larger than ``WDSMP_MAX_MEMBER_SIZE`` (1 GiB) is a ``TarFormatError``.
+    of 64 Mi and 256 times the output's pixels; JPEGs are decoded at reduced size first, but a
+    progressive JPEG's coefficients are all held at full size, so they are what is counted,
+    and one with more than 256 scans is refused too), and a tar member larger than
+    ``WDSMP_MAX_MEMBER_SIZE`` (1 GiB) is a ``TarFormatError``.
 
     Throughput: ``stats`` says where the time goes, stage by stage, and names the bottleneck;
     ``progress=True`` (or seconds between reports) prints the rate and the bottleneck to
