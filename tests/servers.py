@@ -53,8 +53,9 @@ class Fault:
     bytes of the Content-Length promised, then close; ``stall``: send ``after``
     bytes, then wait ``seconds``; ``trickle``: send ``after`` bytes, then one byte
     every ``seconds``; ``redirect``: 307 to ``location``;
-    ``ignore_range``: answer a Range request with 200 and the whole object.
-    ``method`` is the request method it applies to; PUT knows ``status`` and ``redirect``.
+    ``ignore_range``: answer a Range request with 200 and the whole object (also with
+    ``whole=True``, whatever the kind). ``method`` is the request method it applies to; PUT
+    knows ``status`` and ``redirect``.
     """
 
     kind: str
@@ -65,6 +66,7 @@ class Fault:
     seconds: float = 2.0
     location: str = None
     retry_after: str = None
+    whole: bool = False
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -209,7 +211,7 @@ class FileServer:
                    ("Content-Type", "application/octet-stream")]
         status, body = 200, data
         match = _RANGE.fullmatch(handler.headers.get("Range", "").strip())
-        if match and kind != "ignore_range":
+        if match and kind != "ignore_range" and not (fault and fault.whole):
             start = int(match.group(1))
             end = min(int(match.group(2)), len(data) - 1) if match.group(2) else len(data) - 1
             if start >= len(data):

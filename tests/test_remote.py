@@ -230,6 +230,22 @@ def test_http_trickle_fails_naming_the_url_and_the_rate(http_server):
     assert len(http_server.requests("t.bin")) == 2 and time.monotonic() - started < 30
 
 
+def test_http_trickle_that_ignores_range_fails_while_the_bytes_already_read_are_skipped(http_server):
+    """A resume whose server answers 200 with the whole object, one byte every 0.2 s: the bytes
+    read again to skip to the resume point are judged by the minimum rate too (they kept a shard
+    "reading" for minutes, with no sample and no error)."""
+    url = http_server.put_file("t.bin", DATA)
+    http_server.fault("t.bin", "reset", after=600_000)
+    http_server.fault("t.bin", "trickle", times=None, seconds=0.2, after=1000, whole=True)
+    started = time.monotonic()
+    with pytest.raises(ShardError, match=r"GET too slow: \d+ bytes in 1\.\d s of waiting .* less than min_rate=100 "
+                                         r"bytes/s over rate_window=1 s at byte \d+ of 1049344; gave up after 1 retries"):
+        with gopen(url, retries=1, read_timeout=2, min_rate=100, rate_window=1, **FAST) as stream:
+            read_all(stream)
+    assert time.monotonic() - started < 30
+    assert [r.range is None for r in http_server.requests("t.bin")][:2] == [True, False]  # a resume was asked
+
+
 def test_http_slow_consumer_is_not_a_slow_server(http_server):
     """Only time spent waiting in reads counts: a reader that pauses between reads is served."""
     url = http_server.put_file("f.bin", DATA)

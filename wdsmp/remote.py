@@ -27,7 +27,8 @@ The reply must be a 206 whose Content-Range starts at ``pos`` and whose total
 and ETag match the first reply's; a changed size or ETag is an error (the object
 was replaced while being read). A server that ignores Range and answers 200 with
 the whole object is accepted when its size and ETag match: the first ``pos``
-bytes are read and discarded (slow, but correct). ``retries`` bounds the
+bytes are read and discarded (slow, but correct; the minimum rate below judges
+those reads too). ``retries`` bounds the
 failures in a row (over HTTP, urllib3 counts those before a reply by kind:
 connect, read, status); every delivered byte resets the count, so a long object
 over a flaky link still finishes while a dead server fails after ``retries`` waits.
@@ -328,9 +329,15 @@ class ResumableReader(io.RawIOBase):
         self._skip(skip)
 
     def _skip(self, count):
+        """Read and drop ``count`` bytes (a 200 to a Range request), judged by the minimum rate as
+        any read is: a server that trickles them would otherwise hold the read for ever."""
         view = memoryview(bytearray(min(count, _SKIP_CHUNK))) if count else None
         while count:
+            self._check_rate()
+            started = time.monotonic()
             n = self._read(self._body, view[:min(count, len(view))])
+            self._waited += time.monotonic() - started
+            self._got += n
             if not n:
                 raise Transient(f"body ended while skipping to byte {self.pos}")
             count -= n
