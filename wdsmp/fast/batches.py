@@ -41,18 +41,27 @@ class SlotTensors:
         self.ring, self.copy, self.channels_first = ring, copy, channels_first
 
     def batch(self, message):
-        """The slot of ``message`` (a ``BatchReady``), its first ``message.count`` rows."""
+        """The slot of ``message`` (a ``BatchReady``), its first ``message.count`` rows, as the
+        loader's options say (copied, channels first)."""
+        batch = self.views(message)
+        images, labels, fields = batch.images, batch.labels, batch.fields
+        if self.copy:
+            images, fields = images.clone(), {name: tensor.clone() for name, tensor in fields.items()}
+            labels = labels.clone() if labels is not None else None
+        if self.channels_first:
+            images = images.permute(0, 3, 1, 2)
+        return Batch(images, labels, batch.keys, fields, batch.epoch)
+
+    def views(self, message):
+        """The slot of ``message``, its first ``message.count`` rows, as views (images NHWC),
+        whatever the options: what ``.cuda()`` copies to the device."""
         import torch
 
         arrays = self.ring.views(message.slot)
         count = message.count
         tensors = {name: torch.from_numpy(array[:count] if count < len(array) else array)
                    for name, array in arrays.items() if name != KEYS}
-        if self.copy:
-            tensors = {name: tensor.clone() for name, tensor in tensors.items()}
         images = tensors.pop(IMAGES)
-        if self.channels_first:
-            images = images.permute(0, 3, 1, 2)
         labels = tensors.pop(LABELS, None)
         keys = [k.decode() for k in arrays[KEYS][:count]] if KEYS in arrays else None
         return Batch(images, labels, keys, tensors, message.epoch)

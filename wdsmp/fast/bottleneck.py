@@ -51,7 +51,7 @@ def _input_advice(figures, source, cache_dir):
 
 def _decode_advice(figures, num_workers):
     cpus = default_workers()
-    more = (f"more workers ({num_workers} now, {cpus} CPUs here)" if num_workers < cpus
+    more = (f"more workers ({num_workers} now, {cpus} CPUs for this process)" if num_workers < cpus
             else "more CPUs")
     advice = f"{more} or smaller JPEGs would help"
     decode = figures["decode"]
@@ -73,6 +73,14 @@ def diagnose(figures, *, num_workers, source, cache_dir=None):
     beginning with its name: ``training-bound``, ``transfer-bound``, ``input-bound``,
     ``decode-bound``, ``stage-bound``, ``delivery-bound`` or ``loader-bound`` (or
     ``starting`` before the second batch: the first one's wait is start-up)."""
+    sentence = _diagnose(figures, num_workers, source, cache_dir)
+    if figures.get("pinned") is False:
+        sentence += (f"; .cuda() stages every batch through a pinned copy, the ring could not be pinned "
+                     f"({figures.get('pin_error')})")
+    return sentence
+
+
+def _diagnose(figures, num_workers, source, cache_dir):
     main = figures["wait_s"] + figures["training_s"] + figures["transfer_s"]
     if not figures["batches"] or main <= 0:
         return "starting: too few batches handed out to tell"

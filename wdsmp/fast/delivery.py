@@ -158,15 +158,15 @@ class Delivery:
         self.stats.handed()
         return batch
 
-    def next_message(self):
+    def next_message(self, wait=True):
         """The next ``BatchReady`` in delivery order; the caller must ``release`` it, and ``hand``
-        it when its batch goes to the user."""
+        it when its batch goes to the user. ``wait=False``: None if it has not arrived yet."""
         if self.finished:
             raise StopIteration
         self.resources.check_open()
         started, waiting = time.monotonic(), perf_counter_ns()
         try:
-            if not self.all_made:  # read what came meanwhile: the epoch's end, as soon as it is made
+            if not self.all_made or not wait:  # read what came meanwhile: the epoch's end, as soon as it is made
                 for worker, message in self.workers.pool.receive(self._listening(), 0.0):
                     self._dispatch(worker, message)
             while True:
@@ -177,6 +177,8 @@ class Delivery:
                 message = self.pending.pop((stream, self.delivered[stream]), None)
                 if message is not None:
                     break
+                if not wait:
+                    return None
                 self._receive(self.owner[stream], started)
         except KeyboardInterrupt:  # a message may be half taken: the epoch cannot go on
             self.abandon()

@@ -105,7 +105,8 @@ class FastLoader:
     ``shuffle_buffer`` and every crop; each ``iter()`` runs epoch ``epoch`` and then counts
     it up (``set_epoch`` sets it). Ranks: ``rank``/``world_size`` default to
     torch.distributed's, else ``RANK``/``WORLD_SIZE``; ``policy`` ("drop" or "pad") evens
-    out ranks. ``resampled=True`` draws shards with replacement forever, ``epoch_batches``
+    out ranks. ``num_workers`` defaults to the CPUs this process may use, shared among the
+    node's ranks under torchrun (divided by ``LOCAL_WORLD_SIZE``). ``resampled=True`` draws shards with replacement forever, ``epoch_batches``
     per epoch.
 
     Remote shards (``http(s)://``, ``s3://``, ``pipe:``, ...) are streamed; with ``cache_dir``
@@ -330,7 +331,9 @@ class FastLoader:
         (from the first batch handed out to the last), ``startup_s`` (construction to the first
         batch) and ``images_per_s_with_startup`` (``interval`` says so too); in the main process
         ``wait_s`` (waiting for workers), ``training_s`` (the training loop holding batches),
-        ``transfer_s`` (``.cuda()``) and ``wait_fraction``; from the workers ``workers_busy``
+        ``transfer_s`` (``.cuda()``'s host time) and ``wait_fraction``; under ``.cuda()``
+        ``h2d_s`` (the copies' time on the GPU), ``copy_wait_s`` (the host waiting for copies),
+        ``pinned`` (whether the ring is pinned; None before ``.cuda()``) and ``pin_error``; from the workers ``workers_busy``
         (the share of their time spent on batches), ``worker_busy_s``, ``stages`` (``{stage:
         {"seconds", "ms_per_image"}}`` for fetch, split, stages, decode, resize, write,
         slot_wait and other), the same per worker in ``workers``, ``decode`` (JPEGs decoded, by
@@ -339,8 +342,16 @@ class FastLoader:
         return self._stats.snapshot(max(self.epoch - 1, 0))
 
     def cuda(self, device=None, *, mean=None, std=None, dtype=None, channels_last=True, depth=2):
-        """Batches on a CUDA device, copied from pinned shared memory on a side stream; see
-        ``transfer.CudaLoader`` for the arguments."""
+        """Batches on a CUDA device, copied from pinned shared memory and normalised on a side
+        stream (NOTE [pinned transfer] in ``transfer.py``).
+
+        ``device``: the CUDA device (default: the current one; under torchrun give
+        ``f"cuda:{local_rank}"`` or call ``torch.cuda.set_device`` first: a device other than
+        ``LOCAL_RANK``'s warns). ``mean``, ``std``: per-channel values on the 0-255 scale,
+        applied on the GPU in float32 and rounded once to ``dtype`` (default float32 with them;
+        bfloat16 and float16 work); without them images stay uint8 unless ``dtype`` is given.
+        ``channels_last``: NCHW images in channels-last memory (default, no copy) or contiguous.
+        ``depth``: batches copied and normalised ahead of the one handed out."""
         from .transfer import CudaLoader
 
         return CudaLoader(self, device, mean=mean, std=std, dtype=dtype, channels_last=channels_last,
@@ -359,8 +370,15 @@ class FastLoader:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc_info):
-        self.close()
+    def __exit__(self, exc_type, exc, traceback):
+        if exc_type is None:
+            self.close()
+            return
+        try:  # the exception leaving the block is the one to see
+            self.close()
+        except Exception as failure:  # noqa: BLE001
+            warnings.warn(f"FastLoader.close() failed while {exc_type.__name__} propagated: {failure!r}",
+                          RuntimeWarning, stacklevel=2)
 
     def __repr__(self):
         options = self.options

@@ -57,8 +57,8 @@ class Workers:
 
 class LoaderResources:
     """The ring (``ring``), the current ``Workers`` (``workers``), and callables run at
-    ``close()`` before the ring goes (``on_close``). ``pinned``: whether the ring is registered
-    with CUDA as pinned memory (None: not tried yet; ``transfer.py``)."""
+    ``close()`` before the ring goes (``on_close``). ``pinned``: the ring's registration with
+    CUDA (a ``transfer.PinnedRing``; None: not tried yet)."""
 
     def __init__(self, ring):
         self.ring = ring
@@ -95,7 +95,17 @@ class LoaderResources:
                 self.workers = None
         finally:
             try:
-                while self.cleanups:
-                    self.cleanups.pop()()
+                self._run_cleanups()
             finally:
                 self.ring.close()
+
+    def _run_cleanups(self):
+        """Run every clean-up, also when one fails; then raise the first failure."""
+        failure = None
+        while self.cleanups:
+            try:
+                self.cleanups.pop()()
+            except Exception as exn:  # noqa: BLE001 - the others still run
+                failure = failure or exn
+        if failure is not None:
+            raise failure

@@ -87,7 +87,7 @@ class _Totals:
 
     def __init__(self, num_workers):
         self.batches = self.samples = self.skipped = self.padded = 0
-        self.wait_ns = self.training_ns = self.transfer_ns = 0
+        self.wait_ns = self.training_ns = self.transfer_ns = self.h2d_ns = self.copy_wait_ns = 0
         self.workers = [[0] * len(BATCH_FIELDS) for _ in range(num_workers)]
 
     def copy(self):
@@ -98,7 +98,8 @@ class _Totals:
     def minus(self, earlier):
         """What was added since ``earlier`` (a ``copy()``)."""
         other = self.copy()
-        for name in ("batches", "samples", "skipped", "padded", "wait_ns", "training_ns", "transfer_ns"):
+        for name in ("batches", "samples", "skipped", "padded", "wait_ns", "training_ns", "transfer_ns", "h2d_ns",
+                     "copy_wait_ns"):
             setattr(other, name, getattr(self, name) - getattr(earlier, name))
         other.workers = [[a - b for a, b in zip(mine, theirs)] for mine, theirs in zip(self.workers, earlier.workers)]
         return other
@@ -134,6 +135,7 @@ class LoaderStats:
         self.handed_at = None  # when the batch the training loop holds now was handed out
         self.reported = self.reported_at = None  # ``totals`` and the time at the last report (or the first batch)
         self.dropped = self.dropped_shards = self.repeated = self.repeated_shards = 0
+        self.pinned = self.pin_error = None  # under .cuda(): whether the ring is pinned, and CUDA's error if not
 
     def start(self):
         """An epoch begins (``iter()``): the time since the last one ended is nobody's."""
@@ -178,6 +180,18 @@ class LoaderStats:
         """``ns`` spent on ``.cuda()``'s copies and GPU transforms."""
         self.totals.transfer_ns += ns
 
+    def add_h2d(self, ns):
+        """A batch's copy to the GPU took ``ns`` on the device."""
+        self.totals.h2d_ns += ns
+
+    def add_copy_wait(self, ns):
+        """The main process waited ``ns`` for a copy to the GPU to finish."""
+        self.totals.copy_wait_ns += ns
+
+    def pinning(self, ok, error=None):
+        """``.cuda()`` pinned the ring (``ok``), or could not (CUDA's ``error``)."""
+        self.pinned, self.pin_error = ok, error
+
     def add_stream_end(self, skipped, padded):
         """A worker's stream ended, having skipped ``skipped`` samples and padded ``padded`` rows."""
         self.totals.skipped += skipped
@@ -198,7 +212,9 @@ class LoaderStats:
                     "stages": _stages(fields, fields[_COUNT["images"]])} for w, fields in enumerate(totals.workers)]
         return {
             "wait_s": totals.wait_ns / 1e9, "training_s": totals.training_ns / 1e9,
-            "transfer_s": totals.transfer_ns / 1e9, "wait_fraction": totals.wait_ns / main if main else 0.0,
+            "transfer_s": totals.transfer_ns / 1e9, "h2d_s": totals.h2d_ns / 1e9,
+            "copy_wait_s": totals.copy_wait_ns / 1e9, "pinned": self.pinned, "pin_error": self.pin_error,
+            "wait_fraction": totals.wait_ns / main if main else 0.0,
             "workers_busy": busy,
             "worker_busy_s": overall[_BUSY] / 1e9, "stages": _stages(overall, images), "workers": workers,
             "decode": {"jpeg": overall[_COUNT["jpeg"]], "region": overall[_COUNT["region"]],

@@ -1,89 +1,201 @@
-"""Batches to the GPU: from shared memory, pinned, copied on a side stream.
+"""Batches to the GPU: from shared memory, pinned, copied and normalised on a side stream.
 
 NOTE [pinned transfer]
     * The ring is registered with CUDA as page-locked host memory
-      (``cudaHostRegister``) the first time ``.cuda()`` iterates, so a slot
-      is copied to the device by DMA straight from shared memory: no
-      staging copy on the CPU. Where registration fails (some containers
-      limit locked memory), each batch is copied into one of ``depth``
-      pinned staging buffers instead, and its slot is freed at once.
-    * Copies run ``non_blocking`` on a side stream, up to ``depth`` batches
-      ahead of the one handed out; the consumer's stream waits on a CUDA
-      event recorded after each copy, so the batch is complete when its
-      kernels run, and the tensors are marked as used on that stream so the
-      caching allocator does not hand their memory out early.
-    * A slot goes back to its worker only once the event of its copy has
-      completed: a worker never overwrites memory the GPU is still reading.
-      Events are checked without blocking before each new batch is taken,
-      and waited for when the worker due next holds no free slot (it could
-      never deliver the batch the loader waits for) and at the end.
-    * Normalisation and dtype conversion run on the GPU, on the consumer's
-      stream, after the copy.
+      (``cudaHostRegister``, portable to every device) the first time
+      ``.cuda()`` iterates, on the loader's device, so a slot is copied to
+      the device by DMA straight from shared memory: no staging copy on the
+      CPU. Where registration fails (some containers limit locked memory;
+      confidential-computing GPUs refuse it), the loader warns once with
+      CUDA's error, ``stats`` and the bottleneck line say so, and each batch
+      is copied into one of ``depth + 1`` pinned staging buffers instead.
+    * Everything runs on a side stream of the loader's device, inside
+      ``torch.cuda.device(device)`` and never across a ``yield``: the copy of
+      a slot's views (never a CPU copy of them, also with ``copy=True``),
+      then the dtype conversion and normalisation, one kernel computing in
+      float32 and rounding once (``to_model_input``). Up to ``depth``
+      batches are under way ahead of the one handed out, taken as their
+      workers deliver them: the loader never waits for a later batch to hand
+      out an earlier one. The consumer's stream waits on an event recorded
+      after the batch's last kernel, and its tensors are marked as used on
+      that stream (``record_stream``), so the caching allocator does not
+      hand their memory out early; the normalisation overlaps the training
+      step running on the consumer's stream.
+    * A slot goes back to its worker only once its copy has completed (a
+      second event, recorded after the copies): a worker never overwrites
+      memory the GPU is still reading. Slots whose copies are done go back
+      before each new batch is taken, and at the latest when the batch is
+      handed out (its copy was issued a batch earlier, so waiting for it
+      costs nothing); the copies of the next worker's slots are waited for
+      when that worker holds no free slot, since it could never deliver the
+      batch the loader waits for.
+    * After a CUDA error that breaks the context (a device-side assert in the
+      training step), ``close()`` still stops the workers and frees the ring:
+      the waits that fail are skipped, the ring is not unregistered (the
+      context that registered it is gone), and the user's exception is the
+      one that propagates.
+    * NVTX ranges (``wdsmp.wait``, ``wdsmp.h2d``, ``wdsmp.normalise``) mark
+      the host's share of each, for Nsight Systems.
 """
 
 import collections
+import ctypes
+import os
+import warnings
 from time import perf_counter_ns
 
 from ..validation import positive_int
 
-__all__ = ["CudaLoader"]
+__all__ = ["CudaLoader", "rank_device_warning", "to_model_input"]
 
 
-def _clear_cuda_error():
-    """Reset CUDA's sticky last error after a failed runtime call made outside torch, so that
-    torch's next check does not report it against an unrelated kernel."""
-    import ctypes
+def _clear_cuda_error(torch):
+    """Reset the calling thread's last CUDA runtime error after a failed runtime call made
+    outside torch (``cudaHostRegister``), so that torch's next launch check does not report it
+    against an unrelated kernel. Through the loaded libcudart where it has its own soname;
+    otherwise (cudart linked statically into torch) a tiny kernel, whose launch check reads the
+    error and clears it."""
+    major = (torch.version.cuda or "").split(".")[0]
+    try:
+        ctypes.CDLL(f"libcudart.so.{major}", mode=os.RTLD_NOLOAD | os.RTLD_LAZY).cudaGetLastError()
+        return
+    except (OSError, AttributeError):
+        pass
+    try:
+        torch.ones(1, device=torch.cuda.current_device())
+    except RuntimeError:
+        pass
 
-    with open("/proc/self/maps") as maps:
-        paths = {line.split()[-1] for line in maps if "libcudart" in line}
-    for path in paths:
-        ctypes.CDLL(path).cudaGetLastError()
+
+class PinnedRing:
+    """The ring's registration with CUDA: ``ok`` (True when pinned), ``error`` (CUDA's message
+    when registration failed), and the devices it was used on, synchronized before it is
+    unregistered at the loader's close."""
+
+    def __init__(self, resources, device):
+        import numpy as np
+        import torch
+
+        memory = np.frombuffer(resources.ring.buffer, np.uint8)
+        self.pointer, self.devices, self.error = memory.ctypes.data, {device}, None
+        cudart = torch.cuda.cudart()
+        with torch.cuda.device(device):
+            code = int(cudart.cudaHostRegister(self.pointer, memory.nbytes, 1))  # 1: cudaHostRegisterPortable
+            if code != 0:
+                _clear_cuda_error(torch)
+        self.ok = code == 0
+        if not self.ok:
+            try:
+                self.error = f"{cudart.cudaGetErrorString(code)} (cudaError {code})"
+            except (AttributeError, TypeError):
+                self.error = f"cudaError {code}"
+            return
+        self._memory = memory  # keeps the mapping alive while it is registered
+        resources.on_close(self.unregister)
+
+    def unregister(self):
+        """Wait for every copy that may still read the ring (a ``.cuda()`` iterator left
+        suspended), then unregister it. After an error that broke the CUDA context neither is
+        possible: the registration went with the context."""
+        import torch
+
+        try:
+            for device in self.devices:
+                torch.cuda.synchronize(device)
+            torch.cuda.cudart().cudaHostUnregister(self.pointer)
+        except RuntimeError as exn:
+            warnings.warn(f"FastLoader.close(): the ring was not unregistered from CUDA ({exn})", RuntimeWarning,
+                          stacklevel=2)
+        self._memory = None
 
 
-def _register(resources):
-    """Register the ring of ``resources`` (a ``LoaderResources``) with CUDA once per loader;
-    False when that failed (then and before). Unregistered at the loader's close, after the
-    device is idle."""
-    import numpy as np
+def pin(resources, device):
+    """The ring of ``resources`` (a ``LoaderResources``) registered with CUDA once per loader
+    (a ``PinnedRing``), used on ``device`` too; a failure warns once."""
+    pinned = resources.pinned
+    if pinned is None:
+        pinned = resources.pinned = PinnedRing(resources, device)
+        if not pinned.ok:
+            warnings.warn(f"FastLoader.cuda(): the ring could not be registered as pinned memory "
+                          f"({pinned.error}); each batch is staged through a pinned copy instead, which "
+                          f"costs CPU time (stats['pinned'] and the bottleneck line say so)", RuntimeWarning,
+                          stacklevel=3)
+    pinned.devices.add(device)
+    return pinned
+
+
+def rank_device_warning(device_index, environ, device_count):
+    """The warning for batches going to ``cuda:device_index`` in a process that torchrun (or
+    another launcher setting ``LOCAL_RANK``) started as another local rank, where that rank's
+    GPU is visible; None when nothing looks wrong."""
+    local_rank = environ.get("LOCAL_RANK", "")
+    if not local_rank.isdigit() or int(local_rank) == device_index or int(local_rank) >= device_count:
+        return None
+    return (f"FastLoader.cuda(): LOCAL_RANK is {local_rank} but batches go to cuda:{device_index} (the current "
+            f"device): every rank would feed the same GPU. Pass device=f'cuda:{{local_rank}}' or call "
+            f"torch.cuda.set_device(local_rank) first")
+
+
+def to_model_input(images, *, scale=None, bias=None, dtype=None, channels_last=True):
+    """NHWC uint8 ``images`` (any device) as the model takes them: NCHW in ``channels_last``
+    memory (no copy for uint8) or contiguous; with ``scale`` and ``bias`` (float32, shape
+    ``(1, 3, 1, 1)``), ``images * scale + bias`` computed in float32 and rounded once to
+    ``dtype``, in one kernel; with ``dtype`` alone, converted."""
     import torch
 
-    if resources.pinned is not None:
-        return resources.pinned
-    memory = np.frombuffer(resources.ring.buffer, np.uint8)
-    pointer, size = memory.ctypes.data, memory.nbytes
-    cudart = torch.cuda.cudart()
-    if int(cudart.cudaHostRegister(pointer, size, 0)) != 0:
-        _clear_cuda_error()
-        resources.pinned = False
-        return False
-    memory_ref = [memory]  # keeps the mapping alive while it is registered
+    images = images.permute(0, 3, 1, 2)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    if scale is None and (dtype is None or dtype == images.dtype):
+        return images.contiguous(memory_format=layout)
+    out = torch.empty(images.shape, dtype=dtype or torch.float32, device=images.device, memory_format=layout)
+    if scale is None:
+        return out.copy_(images)
+    return torch.addcmul(bias, images, scale, out=out)
 
-    def unregister():
-        torch.cuda.synchronize()  # no copy may still read it (a .cuda() iterator left suspended)
-        cudart.cudaHostUnregister(pointer)
-        del memory_ref[:]
 
-    resources.on_close(unregister)
-    resources.pinned = True
-    return True
+class _InFlight:
+    """A batch under way: its message, its GPU batch, the event after its copies
+    (``copied``: its slot may go back) and after its last kernel (``ready``), and whether its
+    slot went back."""
+
+    __slots__ = ("message", "batch", "started", "copied", "ready", "released")
+
+    def __init__(self, message, batch, started, copied, ready):
+        self.message, self.batch, self.started, self.copied, self.ready = message, batch, started, copied, ready
+        self.released = False
 
 
 class CudaLoader:
     """Iterate ``loader`` with batches on a CUDA device (NOTE [pinned transfer]).
 
-    ``device``: a CUDA device (default: the current one). ``mean``/``std``: per-channel
-    values on the 0-255 pixel scale (as FFCV and DALI take them), applied on the GPU; with
-    them images become ``dtype`` (default float32; ``torch.bfloat16`` works), without them
+    ``device``: a CUDA device (default: the current one; under torchrun pass
+    ``f"cuda:{local_rank}"`` or call ``torch.cuda.set_device``, a mismatch with ``LOCAL_RANK``
+    warns). ``mean``/``std``: per-channel values on the 0-255 pixel scale (as FFCV and DALI
+    take them), applied on the GPU in float32 and rounded once; with them images become
+    ``dtype`` (default float32; ``torch.bfloat16`` and ``torch.float16`` work), without them
     they stay uint8 unless ``dtype`` is given. Images come out NCHW; ``channels_last=True``
-    (default) keeps the NHWC bytes underneath (``torch.channels_last``), which is what
-    convolutions on tensor cores want and costs no copy; ``False`` makes them contiguous
-    NCHW. ``depth``: batches copied ahead (an epoch's first batch goes out without waiting for
-    the next). Batches are ``Batch`` tuples, as on the CPU.
+    (default) keeps the NHWC bytes underneath (``torch.channels_last``), what convolutions
+    on tensor cores want, at no cost; ``False`` makes them contiguous NCHW. ``depth``: batches
+    copied and normalised ahead of the one handed out, as their workers deliver them (the
+    loader never waits for a later batch). Batches are ``Batch`` tuples, as on the CPU, and
+    stay valid as long as they are referenced (``copy=True`` changes nothing here).
     """
 
     def __init__(self, loader, device=None, *, mean=None, std=None, dtype=None, channels_last=True, depth=2):
         import torch
 
+        positive_int(depth, "depth")
+        if (mean is None) != (std is None):
+            raise ValueError("give both mean and std, or neither")
+        if mean is not None:
+            mean, std = _channel_values(mean, "mean"), _channel_values(std, "std")
+            if not all(value > 0 for value in std):
+                raise ValueError(f"std must be positive (it divides), not {std!r}")
+            dtype = torch.float32 if dtype is None else dtype
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise ValueError(f"dtype must be a torch dtype, not {dtype!r}")
+        if mean is not None and not dtype.is_floating_point:
+            raise ValueError(f"normalised images need a floating dtype, not {dtype}")
         if not torch.cuda.is_available():
             raise RuntimeError("FastLoader.cuda() needs a CUDA device, and torch.cuda.is_available() is False "
                                "here (a CPU build of torch, or no GPU visible); iterate the loader itself for "
@@ -92,21 +204,19 @@ class CudaLoader:
         self.device = torch.device("cuda", torch.cuda.current_device()) if device is None else torch.device(device)
         if self.device.type != "cuda":
             raise ValueError(f"device must be a CUDA device, not {device!r}")
-        positive_int(depth, "depth")
-        if (mean is None) != (std is None):
-            raise ValueError("give both mean and std, or neither")
-        self.dtype = dtype if dtype is not None else (torch.float32 if mean is not None else None)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        message = rank_device_warning(self.device.index, os.environ, torch.cuda.device_count())
+        if message is not None:
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+        self.dtype, self.channels_last, self.depth = dtype, bool(channels_last), depth
+        self.scale = self.bias = None
         if mean is not None:
-            self.mean = torch.tensor(mean, dtype=torch.float32, device=self.device).reshape(1, -1, 1, 1)
-            self.scale = 1.0 / torch.tensor(std, dtype=torch.float32, device=self.device).reshape(1, -1, 1, 1)
-            if self.mean.numel() != 3 or self.scale.numel() != 3:
-                raise ValueError(f"mean and std need 3 values (R, G, B), not {mean!r} and {std!r}")
-            if not self.dtype.is_floating_point:
-                raise ValueError(f"normalised images need a floating dtype, not {self.dtype}")
-        else:
-            self.mean = self.scale = None
-        self.channels_last = bool(channels_last)
-        self.depth = depth
+            mean64 = torch.tensor(mean, dtype=torch.float64).reshape(1, 3, 1, 1)
+            std64 = torch.tensor(std, dtype=torch.float64).reshape(1, 3, 1, 1)
+            self.scale = (1.0 / std64).float().to(self.device)
+            self.bias = (-mean64 / std64).float().to(self.device)
+        self.stream = None  # the side stream, made at the first iteration
 
     def __len__(self):
         return len(self.loader)
@@ -117,105 +227,135 @@ class CudaLoader:
         batches = iter(self.loader)  # held here: it holds the loader (NOTE [shutdown order] in loader.py)
         epoch = batches.delivery
         stats = epoch.stats
-        pinned = _register(epoch.resources)
-        side = torch.cuda.Stream(self.device)
-        staging = [None] * self.depth if not pinned else None
-        inflight, unreleased = collections.deque(), collections.deque()
-        issued, ahead = 0, 1  # batches in flight before one is handed out: one, for the epoch's first
+        pinned = pin(epoch.resources, self.device)
+        stats.pinning(pinned.ok, pinned.error)
+        if self.stream is None:
+            self.stream = torch.cuda.Stream(self.device)
+        staging = None if pinned.ok else [None] * (self.depth + 1)
+        inflight, issued, exhausted = collections.deque(), 0, False
         try:
             while True:
-                # The epoch's first batch goes out as soon as it is copied: waiting for the next
-                # one too would add a batch interval to the start; the later ones have the next
-                # ones' copies under way.
-                while len(inflight) < ahead:
+                # Take what the workers delivered, up to ``depth`` ahead; wait only for the next one.
+                while not exhausted and len(inflight) <= self.depth:
                     start = perf_counter_ns()
-                    self._release(epoch, unreleased)
+                    self._release_done(epoch, inflight, stats)
                     stats.add_transfer(perf_counter_ns() - start)
                     try:
-                        message = epoch.next_message()
+                        with torch.cuda.nvtx.range("wdsmp.wait"):
+                            message = epoch.next_message(wait=not inflight)
                     except StopIteration:
+                        exhausted = True
+                        break
+                    if message is None:
                         break
                     start = perf_counter_ns()
-                    inflight.append(self._copy(epoch, message, side, staging, issued % self.depth))
+                    inflight.append(self._start(epoch, message, staging, issued % len(staging or [0])))
                     stats.add_transfer(perf_counter_ns() - start)
                     issued += 1
-                    if staging is not None:
-                        epoch.release(message)
-                    else:
-                        unreleased.append(inflight[-1][:2])
                 if not inflight:
                     return
                 start = perf_counter_ns()
-                message, event, batch = inflight.popleft()
+                entry = inflight.popleft()
+                self._hand_out(epoch, entry, stats)
                 current = torch.cuda.current_stream(self.device)
-                current.wait_event(event)
-                for tensor in _tensors(batch):
+                current.wait_event(entry.ready)
+                for tensor in _tensors(entry.batch):
                     tensor.record_stream(current)
-                epoch.hand(message)
-                batch = self._finish(batch)
+                epoch.hand(entry.message)
                 stats.add_transfer(perf_counter_ns() - start)
                 stats.handed()
-                ahead = self.depth
+                batch, entry = entry.batch, None
                 yield batch
                 stats.returned()
         finally:
-            for message, event in unreleased:
-                event.synchronize()
-                epoch.release(message)
+            try:
+                for entry in inflight:
+                    self._give_back(epoch, entry, stats)
+            except RuntimeError:  # the CUDA context is broken: the epoch cannot go on
+                epoch.abandon()
 
-    def _release(self, epoch, unreleased):
+    def _hand_out(self, epoch, entry, stats):
+        """The batch of ``entry`` goes out: its copy is done (it was issued a batch ago, so the
+        wait is normally nil), its slot goes back, its copy time is counted."""
+        self._give_back(epoch, entry, stats)
+        stats.add_h2d(int(entry.started.elapsed_time(entry.copied) * 1e6))
+
+    def _give_back(self, epoch, entry, stats):
+        """Wait for the copy of ``entry`` (counted as the host's wait for copies), then give its
+        slot back (a staged batch's went back at once)."""
+        start = perf_counter_ns()
+        entry.copied.synchronize()
+        stats.add_copy_wait(perf_counter_ns() - start)
+        if not entry.released:
+            entry.released = True
+            epoch.release(entry.message)
+
+    def _release_done(self, epoch, inflight, stats):
         """Give back the slots whose copies are done; and wait for the copies of the next worker's
         slots if it has none left, or it could never deliver the batch the loader waits for."""
-        while unreleased and unreleased[0][1].query():
-            epoch.release(unreleased.popleft()[0])
+        for entry in inflight:
+            if not entry.released and entry.copied.query():
+                self._give_back(epoch, entry, stats)
         worker = epoch.next_worker()
-        mine = [entry for entry in unreleased if entry[0].worker == worker]
-        while worker is not None and len(mine) >= self.loader.options.prefetch:
-            message, event = mine.pop(0)
-            event.synchronize()
-            unreleased.remove((message, event))
+        held = [entry for entry in inflight if not entry.released and entry.message.worker == worker]
+        for entry in held[:max(0, len(held) - self.loader.options.prefetch + 1)]:
+            self._give_back(epoch, entry, stats)
+
+    def _start(self, epoch, message, staging, index):
+        """Start copying the slot of ``message`` to the device and normalising it, on the side
+        stream; an ``_InFlight``."""
+        import torch
+
+        cpu = epoch.slots.views(message)
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            started, copied, ready = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True),
+                                      torch.cuda.Event())
+            with torch.cuda.nvtx.range("wdsmp.h2d"):
+                sources = _tensors(cpu)
+                if staging is not None:
+                    sources = self._stage(staging, index, sources)
+                started.record()
+                moved = [t.to(self.device, non_blocking=True) for t in sources]
+                copied.record()
+            with torch.cuda.nvtx.range("wdsmp.normalise"):
+                moved[0] = to_model_input(moved[0], scale=self.scale, bias=self.bias, dtype=self.dtype,
+                                          channels_last=self.channels_last)
+                ready.record()
+        entry = _InFlight(message, _rebuild(cpu, moved), started, copied, ready)
+        if staging is not None:  # the slot's bytes are in the staging buffers now
+            staging[index] = (copied, staging[index][1])
+            entry.released = True
             epoch.release(message)
+        return entry
 
-    def _copy(self, epoch, message, side, staging, index):
-        """Start copying the slot of ``message`` to the device; ``(message, event, batch)``."""
+    @staticmethod
+    def _stage(staging, index, tensors):
+        """Copy ``tensors`` into the pinned staging buffers ``index`` (made or remade to fit),
+        once the copy that last read them is done."""
         import torch
 
-        cpu = epoch.slots.batch(message)
-        with torch.cuda.stream(side):
-            if staging is not None:
-                previous = staging[index]
-                tensors = _tensors(cpu)
-                if previous is not None and [b.shape for b in previous[1]] == [t.shape for t in tensors]:
-                    previous[0].synchronize()
-                    buffers = [b.copy_(t) for b, t in zip(previous[1], tensors)]
-                else:
-                    buffers = [torch.empty_like(t, pin_memory=True).copy_(t) for t in tensors]
-                source = _rebuild(cpu, buffers)
-            else:
-                source = cpu
-            moved = [t.to(self.device, non_blocking=True) for t in _tensors(source)]
-            event = torch.cuda.Event()
-            event.record(side)
-            if staging is not None:
-                staging[index] = (event, buffers)
-        return message, event, _rebuild(source, moved)
-
-    def _finish(self, batch):
-        """NCHW, normalised and converted on the consumer's stream."""
-        import torch
-
-        images = batch.images
-        if not self.loader.options.channels_first:
-            images = images.permute(0, 3, 1, 2)  # NHWC bytes seen as NCHW: channels_last
-        if self.mean is not None:
-            images = (images.to(self.dtype) - self.mean.to(self.dtype)) * self.scale.to(self.dtype)
-        elif self.dtype is not None:
-            images = images.to(self.dtype)
-        if self.channels_last:
-            images = images.contiguous(memory_format=torch.channels_last)
+        previous = staging[index]
+        if previous is not None and [b.shape for b in previous[1]] == [t.shape for t in tensors]:
+            if previous[0] is not None:
+                previous[0].synchronize()
+            buffers = [b.copy_(t) for b, t in zip(previous[1], tensors)]
         else:
-            images = images.contiguous()
-        return type(batch)(images, batch.labels, batch.keys, batch.fields, batch.epoch)
+            buffers = [torch.empty_like(t, pin_memory=True).copy_(t) for t in tensors]
+        staging[index] = (None, buffers)
+        return buffers
+
+
+def _channel_values(values, name):
+    """Three finite floats (R, G, B) from ``values``."""
+    import math
+
+    try:
+        values = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} needs 3 numbers (R, G, B), not {values!r}") from None
+    if len(values) != 3 or not all(math.isfinite(v) for v in values):
+        raise ValueError(f"{name} needs 3 finite numbers (R, G, B), not {values!r}")
+    return values
 
 
 def _tensors(batch):
