@@ -40,6 +40,7 @@ Needs scikit-image (``pip install scikit-image``) for the photographs.
 """
 
 import argparse
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -203,6 +204,8 @@ def main(argv=None):
         parser.error("--raw-fraction must be within [0, 1]")
     if args.quality is not None and not 1 <= args.quality <= 100:
         parser.error("--quality must be within [1, 100]")
+    if importlib.util.find_spec("skimage") is None:  # checked here: a worker failing to import it hangs the pool
+        parser.error("the source photographs come from scikit-image: pip install -e '.[bench]'")
     command = " ".join([os.path.basename(sys.argv[0])] + (sys.argv[1:] if argv is None else list(argv)))
     recipe = {"raw_fraction": args.raw_fraction, "max_side": args.max_side, "quality": args.quality,
               "subsampling": args.subsampling}

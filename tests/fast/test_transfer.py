@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 import warnings
 
 import numpy as np
@@ -310,6 +311,17 @@ def test_close_after_a_device_side_assert(shards):  # noqa: F811
     assert gpu_check.step_device_assert(data)["raised"].endswith("Error")
 
 
+@needs_cuda
+def test_batches_read_at_once_on_a_late_side_stream_or_a_busy_training_stream(shards):  # noqa: F811
+    """The consumer waits for each batch's last kernel, and its memory is not reused while the
+    training stream may read it (``gpu_check.py``'s step)."""
+    gpu_check = _gpu_check()
+    data = gpu_check.Data(types.SimpleNamespace(batch=8))
+    data.index = shards[1]
+    data.make_reference()
+    gpu_check.step_late_kernels(data)
+
+
 def _gpu_check():
     """``benchmarks/gpu_check.py`` as a module."""
     spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(ROOT, "benchmarks", "gpu_check.py"))
@@ -323,7 +335,7 @@ def test_gpu_check_script_runs_its_cpu_parts(tmp_path):
     pass and every GPU step is reported skipped."""
     summary = tmp_path / "gpu_check.json"
     done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_check.py"), "--images", "64",
-                           "--batch", "16", "--corpus", str(tmp_path / "corpus"), "--json", str(summary)],
+                           "--batch", "16", "--budget", "240", "--seconds", "3", "--corpus", str(tmp_path / "corpus"), "--json", str(summary)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = json.loads(summary.read_text())["steps"]

@@ -77,6 +77,8 @@ class LoaderResources:
         if self.workers is not None:
             self.workers.shutdown()
         self.workers = None
+        if self.pinned is not None:
+            self.pinned.wait()  # no copy still reads a slot the new workers will write
         self.workers = Workers(config, num_workers, prefetch, start_method, main)
         return self.workers
 

@@ -26,9 +26,11 @@ NOTE [pinned transfer]
       memory the GPU is still reading. Slots whose copies are done go back
       before each new batch is taken, and at the latest when the batch is
       handed out (its copy was issued a batch earlier, so waiting for it
-      costs nothing); the copies of the next worker's slots are waited for
-      when that worker holds no free slot, since it could never deliver the
-      batch the loader waits for.
+      costs nothing). The loader waits for a worker only when no batch is
+      in flight, so every slot has gone back by then: no worker can be left
+      without a slot to fill. Before new workers start (an epoch left
+      unfinished), the loader's side streams are waited for, in case a
+      suspended iterator's copies are still reading.
     * After a CUDA error that breaks the context (a device-side assert in the
       training step), ``close()`` still stops the workers and frees the ring:
       the waits that fail are skipped, the ring is not unregistered (the
@@ -67,9 +69,18 @@ def _clear_cuda_error(torch):
         pass
 
 
+def _cuda_error(cudart, result):
+    """CUDA's message for ``result``, a cudaError returned by a ``torch.cuda.cudart()`` call."""
+    try:
+        return f"{cudart.cudaGetErrorString(result)} (cudaError {int(result)})"
+    except (AttributeError, TypeError):
+        return f"cudaError {int(result)}"
+
+
 class PinnedRing:
-    """The ring's registration with CUDA: ``ok`` (True when pinned), ``error`` (CUDA's message
-    when registration failed), and the devices it was used on, synchronized before it is
+    """The ring's registration with CUDA, made on ``device``: ``ok`` (True when pinned),
+    ``error`` (CUDA's message when registration failed), and the side streams that copy from
+    it (``readers``), waited for before new workers write into its slots and before it is
     unregistered at the loader's close."""
 
     def __init__(self, resources, device):
@@ -77,32 +88,38 @@ class PinnedRing:
         import torch
 
         memory = np.frombuffer(resources.ring.buffer, np.uint8)
-        self.pointer, self.devices, self.error = memory.ctypes.data, {device}, None
+        self.pointer, self.device, self.readers, self.error = memory.ctypes.data, device, set(), None
         cudart = torch.cuda.cudart()
         with torch.cuda.device(device):
-            code = int(cudart.cudaHostRegister(self.pointer, memory.nbytes, 1))  # 1: cudaHostRegisterPortable
-            if code != 0:
+            result = cudart.cudaHostRegister(self.pointer, memory.nbytes, 1)  # 1: cudaHostRegisterPortable
+            if int(result) != 0:
                 _clear_cuda_error(torch)
-        self.ok = code == 0
+        self.ok = int(result) == 0
         if not self.ok:
-            try:
-                self.error = f"{cudart.cudaGetErrorString(code)} (cudaError {code})"
-            except (AttributeError, TypeError):
-                self.error = f"cudaError {code}"
+            self.error = _cuda_error(cudart, result)
             return
         self._memory = memory  # keeps the mapping alive while it is registered
         resources.on_close(self.unregister)
 
+    def wait(self):
+        """Wait for the copies that may still read the ring (a ``.cuda()`` iterator left
+        suspended): only the loader's own streams, not the device's others."""
+        for stream in self.readers:
+            stream.synchronize()
+
     def unregister(self):
-        """Wait for every copy that may still read the ring (a ``.cuda()`` iterator left
-        suspended), then unregister it. After an error that broke the CUDA context neither is
-        possible: the registration went with the context."""
+        """``wait()``, then unregister the ring. After an error that broke the CUDA context
+        neither is possible: the registration went with the context."""
         import torch
 
         try:
-            for device in self.devices:
-                torch.cuda.synchronize(device)
-            torch.cuda.cudart().cudaHostUnregister(self.pointer)
+            self.wait()
+            cudart = torch.cuda.cudart()
+            with torch.cuda.device(self.device):
+                result = cudart.cudaHostUnregister(self.pointer)
+                if int(result) != 0:
+                    _clear_cuda_error(torch)
+                    raise RuntimeError(_cuda_error(cudart, result))
         except RuntimeError as exn:
             warnings.warn(f"FastLoader.close(): the ring was not unregistered from CUDA ({exn})", RuntimeWarning,
                           stacklevel=2)
@@ -111,7 +128,7 @@ class PinnedRing:
 
 def pin(resources, device):
     """The ring of ``resources`` (a ``LoaderResources``) registered with CUDA once per loader
-    (a ``PinnedRing``), used on ``device`` too; a failure warns once."""
+    (a ``PinnedRing``); a failure warns once."""
     pinned = resources.pinned
     if pinned is None:
         pinned = resources.pinned = PinnedRing(resources, device)
@@ -120,7 +137,6 @@ def pin(resources, device):
                           f"({pinned.error}); each batch is staged through a pinned copy instead, which "
                           f"costs CPU time (stats['pinned'] and the bottleneck line say so)", RuntimeWarning,
                           stacklevel=3)
-    pinned.devices.add(device)
     return pinned
 
 
@@ -231,15 +247,18 @@ class CudaLoader:
         stats.pinning(pinned.ok, pinned.error)
         if self.stream is None:
             self.stream = torch.cuda.Stream(self.device)
+        if pinned.ok:
+            pinned.readers.add(self.stream)
         staging = None if pinned.ok else [None] * (self.depth + 1)
         inflight, issued, exhausted = collections.deque(), 0, False
         try:
             while True:
-                # Take what the workers delivered, up to ``depth`` ahead; wait only for the next one.
+                # Take what the workers delivered, up to ``depth`` ahead; wait only for the next
+                # one (then nothing is in flight: every slot went back).
+                start = perf_counter_ns()
+                self._release_done(epoch, inflight, stats)
+                stats.add_transfer(perf_counter_ns() - start)
                 while not exhausted and len(inflight) <= self.depth:
-                    start = perf_counter_ns()
-                    self._release_done(epoch, inflight, stats)
-                    stats.add_transfer(perf_counter_ns() - start)
                     try:
                         with torch.cuda.nvtx.range("wdsmp.wait"):
                             message = epoch.next_message(wait=not inflight)
@@ -250,6 +269,7 @@ class CudaLoader:
                         break
                     start = perf_counter_ns()
                     inflight.append(self._start(epoch, message, staging, issued % len(staging or [0])))
+                    self._release_done(epoch, inflight, stats)
                     stats.add_transfer(perf_counter_ns() - start)
                     issued += 1
                 if not inflight:
@@ -291,15 +311,10 @@ class CudaLoader:
             epoch.release(entry.message)
 
     def _release_done(self, epoch, inflight, stats):
-        """Give back the slots whose copies are done; and wait for the copies of the next worker's
-        slots if it has none left, or it could never deliver the batch the loader waits for."""
+        """Give back the slots whose copies are done (never waiting)."""
         for entry in inflight:
             if not entry.released and entry.copied.query():
                 self._give_back(epoch, entry, stats)
-        worker = epoch.next_worker()
-        held = [entry for entry in inflight if not entry.released and entry.message.worker == worker]
-        for entry in held[:max(0, len(held) - self.loader.options.prefetch + 1)]:
-            self._give_back(epoch, entry, stats)
 
     def _start(self, epoch, message, staging, index):
         """Start copying the slot of ``message`` to the device and normalising it, on the side
