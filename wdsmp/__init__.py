@@ -19,6 +19,7 @@ from .gopen import gopen
 
 # Where each public name lives; ``wdsmp.<name>`` imports its module on first use (see __getattr__).
 _PUBLIC = {
+    "aswebdataset": ("install_as_webdataset",),
     "autodecode": (
         "Continue", "Decoder", "DecodingError", "gzfilter", "handle_extension", "imagehandler",
         "pytorch_weights_only", "torch_audio", "torch_loads", "torch_video",
@@ -121,6 +122,7 @@ __all__ = [
     "ignore_and_stop",
     "imagehandler",
     "info",
+    "install_as_webdataset",
     "load_spec",
     "map",
     "map_dict",
