@@ -21,7 +21,7 @@ import sys
 import textwrap
 
 from wdsmp import benchmark
-from wdsmp.cli.bench import add_arguments
+from wdsmp.cli.bench import add_arguments, timings
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")
 
@@ -55,6 +55,7 @@ def main(argv=None):
     add_arguments(parser)
     parser.add_argument("--record", action="store_true", help="append the results to benchmarks/RESULTS.md")
     args = parser.parse_args(argv)
+    timings(args, scaling=False)
     try:
         corpus = benchmark.open_corpus(args.corpus, args.workers)
     except ValueError as exn:

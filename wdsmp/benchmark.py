@@ -87,8 +87,8 @@ from . import (DataPipeline, FastLoader, SimpleShardList, batched, decode, map_t
 from .coldstart import first_batches
 
 __all__ = ["BASELINE", "CONTENDERS", "CROP_SIZE", "FRESH", "STAGE_GROUPS", "SWAP_CONTENDERS", "Corpus", "Result",
-           "as_json", "best", "contenders", "header", "machine", "open_corpus", "picture", "region_decoding", "run",
-           "summary"]
+           "as_json", "best", "contenders", "fastloader_stages", "header", "machine", "measure_loader", "open_corpus",
+           "picture", "region_decoding", "run", "summary"]
 
 BASELINE = "DataLoader pipeline"
 FRESH = "FastLoader, fresh process"
@@ -298,18 +298,18 @@ def measure_loader(make_loader, args, stages=None):
         loader = make_loader()
         epoch_starts = []
         batches = _endless(loader, epoch_starts)
-        delivered = len(next(batches)[1])
+        delivered = len(next(batches)[0])
         first_batch = time.perf_counter() - start
         series = [(first_batch, delivered)]
         while time.perf_counter() - start < first_batch + args.warmup:
-            delivered += len(next(batches)[1])
+            delivered += len(next(batches)[0])
             series.append((time.perf_counter() - start, delivered))
         cpu_before, machine_before = tree.cpu_seconds(), machine_busy_seconds()
         pss_before = tree.pss()
         window_start = time.perf_counter()
         images = 0
         while time.perf_counter() - window_start < args.seconds:
-            images += len(next(batches)[1])
+            images += len(next(batches)[0])
             series.append((time.perf_counter() - start, delivered + images))
         window = time.perf_counter() - window_start
         cpu_after, machine_after = tree.cpu_seconds(), machine_busy_seconds()

@@ -1,6 +1,8 @@
 """``wdsmp bench``: the loader benchmark runs from the installed package, all three contenders."""
 
 import argparse
+import os
+import subprocess
 import json
 import shlex
 import sys
@@ -133,3 +135,73 @@ def test_without_matplotlib_the_benchmark_says_how_to_get_the_picture(tmp_path, 
     args = argparse.Namespace(plot=str(tmp_path / "x.png"), workers=1, batch_size=8)
     assert picture(rounds, corpus, args) == "# no picture: the picture needs matplotlib: pip install 'wdsmp[plot]'"
     assert not (tmp_path / "x.png").exists()
+
+
+# -- wdsmp bench SHARDS: FastLoader on your own shards ----------------------------------------
+
+
+def _scaling_argv(inputs, tmp_path, *more):
+    return ["bench", *inputs, "--max-workers", "2", "--batch-size", "8", "--seconds", "0.5", "--warmup", "0.2",
+            "--plot", str(tmp_path / "scaling.png"), *more]
+
+
+def _rows(out):
+    """``{workers: images/s}`` of the scaling table."""
+    return {int(line.split(" | ")[0][2:]): line.split(" | ")[1] for line in out.splitlines()
+            if line.startswith("| ") and line[2].isdigit()}
+
+
+@pytest.mark.processes  # FastLoader's workers
+def test_bench_on_your_own_shards_scales_workers_and_names_the_bottleneck(tmp_path, capsys):
+    _tiny_corpus(tmp_path, per_shard=24)
+    shards = str(tmp_path / "train-{000000..000001}.tar")
+    assert main(_scaling_argv([shards], tmp_path)) == 0
+    out, err = capsys.readouterr()
+    rows = _rows(out)
+    assert list(rows) == [1, 2] and all(float(rate.replace(",", "")) > 0 for rate in rows.values())
+    assert "image .jpg, label .cls" in err  # found in the first sample
+    assert "\nBottleneck: FastLoader: " in out and "-bound" in out
+    assert "\nAt 2 workers, worker time per image (ms): read shards " in out
+    assert "\nTo feed 3,000 images/s at this rate per worker: about " in out
+    assert (tmp_path / "scaling.png").read_bytes().startswith(b"\x89PNG")
+    # The picture is not overwritten without --force; the index works as the shard list does.
+    assert main(_scaling_argv([str(tmp_path / "index.json")], tmp_path, "--json")) == 2
+    assert "scaling.png exists; remove it or pass --force" in capsys.readouterr().err
+    assert main(_scaling_argv([str(tmp_path / "index.json")], tmp_path, "--json", "--force", "--rate", "500")) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [run["workers"] for run in summary["runs"]] == [1, 2] and summary["cores_for_rate"] >= 1
+    assert summary["image"] == "jpg" and summary["label"] == "cls"
+
+
+@pytest.mark.processes  # FastLoader's workers reading over HTTP
+def test_bench_on_shards_over_http(tmp_path, capsys, http_server):
+    _tiny_corpus(tmp_path, per_shard=24)
+    for shard in ("train-000000.tar", "train-000001.tar"):
+        http_server.put_file(shard, (tmp_path / shard).read_bytes())
+    urls = [http_server.url(f"train-00000{i}.tar") for i in range(2)]
+    assert main(_scaling_argv(urls, tmp_path, "--label", "cls")) == 0
+    assert list(_rows(capsys.readouterr().out)) == [1, 2]
+
+
+@pytest.mark.processes  # FastLoader's workers, and a process loading the CPU beside them
+def test_bench_warns_when_other_load_makes_the_figures_unreliable(tmp_path, capsys):
+    _tiny_corpus(tmp_path, per_shard=24)
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+    try:
+        assert main(_scaling_argv([str(tmp_path / "train-000000.tar")], tmp_path, "--max-workers", "1")) == 0
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+    out = capsys.readouterr().out
+    assert "WARNING: other processes kept the CPU busy while measuring (more than 0.5 cores of other load at " \
+           "worker counts 1)" in out
+
+
+def test_bench_needs_shards_or_a_corpus_and_an_image(tmp_path, capsys):
+    assert main(["bench"]) == 2
+    assert "give SHARDS" in capsys.readouterr().err
+    with wdsmp.TarWriter(str(tmp_path / "text.tar")) as sink:
+        sink.write({"__key__": "a", "txt": "no image here"})
+    assert main(["bench", str(tmp_path / "text.tar"), "--plot", str(tmp_path / "p.png")]) == 2
+    assert "has no image FastLoader reads" in capsys.readouterr().err
