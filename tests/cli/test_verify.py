@@ -319,3 +319,22 @@ def test_an_unknown_url_scheme_is_a_usage_error(capsys):
     assert main(["verify", "nosuch://host/a.tar"]) == 2
     assert capsys.readouterr().err.startswith("wdsmp verify: nosuch://host/a.tar: no opener for its URL scheme "
                                               "(known schemes: file, pipe, http")
+
+
+def test_json_inputs_say_what_they_are(tmp_path, capsys):
+    """An index given as a shard gets the way out (``--index``); a glob over a shard directory
+    that also holds ``classes.json`` and ``index.json`` (as ``create --imagefolder`` and
+    ``wdsmp index`` leave it) takes the shards alone."""
+    shards = [write_shard(tmp_path / f"s-{i}.tar", prefix=f"s{i}-") for i in range(2)]
+    assert main(["index", "-q", "-o", str(tmp_path / "index.json"), *shards]) == 0
+    (tmp_path / "classes.json").write_text('{"cat": 0}')
+    capsys.readouterr()
+    assert main(["verify", "-q", str(tmp_path / "index.json")]) == 2
+    assert "index.json is a JSON file, not a shard; if it is a shard index, pass it with --index" in \
+        capsys.readouterr().err
+    assert main(["verify", "-q", "--json", str(tmp_path / "*")]) == 0
+    assert json.loads(capsys.readouterr().out)["shards"] == 2
+    assert main(["index", "-q", "-f", "-o", str(tmp_path / "index.json"), str(tmp_path / "*")]) == 0  # -f, as elsewhere
+    assert [entry["samples"] for entry in read_entries(str(tmp_path / "index.json"))] == [4, 4]
+    assert main(["verify", "-q", str(tmp_path / "*.json")]) == 2
+    assert "matches only JSON files, no shards" in capsys.readouterr().err

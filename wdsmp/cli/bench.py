@@ -87,7 +87,6 @@ def run(args):
     if not args.shards and not args.corpus:
         die("give SHARDS (your shards, a shard index or URLs) or --corpus DIR (a generated corpus)")
     timings(args, scaling=bool(args.shards))
-    check_output(args.plot, args.force)
     if args.shards:
         return _run_scaling(args)
     from .. import benchmark
@@ -96,6 +95,7 @@ def run(args):
         corpus = benchmark.open_corpus(args.corpus, args.workers)
     except ValueError as exn:
         die(str(exn))
+    check_output(args.plot, args.force)
     command = shlex.join(["wdsmp", *args.argv])
     if not args.json:
         print(benchmark.header(command, corpus), flush=True)
@@ -117,6 +117,7 @@ def _run_scaling(args):
     from .. import benchplot, shardbench
     from ..shardindex import is_index, shard_counts
 
+    check_output(args.plot, args.force)
     if len(args.shards) == 1 and is_index(args.shards[0]):
         source = args.shards[0]
         try:

@@ -44,12 +44,19 @@ def _indexed(spec):
         die(f"cannot read the shard index {spec}: {exn}")
 
 
-def expand_inputs(specs, missing_ok=False, indexes=False):
+def _is_glob(spec):
+    return any(char in spec for char in "*?[")
+
+
+def expand_inputs(specs, missing_ok=False, indexes=False, index_option=None):
     """Shard URLs from command-line inputs: brace patterns, ``::`` lists, local globs, any URL
     gopen reads, ``-`` (stdin), and with ``indexes`` the shards of a shard index (a ``.json``
     input, as FastLoader takes it). Inputs that match nothing are an error, and so is a URL of
     a scheme gopen does not know, and a local file that does not exist unless ``missing_ok``
-    (for commands that report it as a problem of that shard and go on with the others)."""
+    (for commands that report it as a problem of that shard and go on with the others). A
+    ``.json`` file is never a shard: given by name, it is an error (naming ``index_option``,
+    where the command reads an index that way); matched by a glob beside shards (the
+    ``classes.json`` of ``create --imagefolder``, an ``index.json``), it is left out."""
     urls = []
     for spec in specs:
         if spec == "-":
@@ -57,11 +64,18 @@ def expand_inputs(specs, missing_ok=False, indexes=False):
             continue
         if indexes and spec.endswith(".json"):
             found = _indexed(spec)
+        elif spec.endswith(".json") and not _is_glob(spec):
+            how = f"pass it with {index_option}" if index_option else "give the shards it lists"
+            die(f"{spec} is a JSON file, not a shard; if it is a shard index, {how}")
         else:
             try:
                 found = expand_urls(spec)
             except ValueError as exn:  # a pattern that matches nothing
                 die(str(exn))
+            if _is_glob(spec):
+                found = [url for url in found if not url.endswith(".json")]
+                if not found:
+                    die(f"{spec!r} matches only JSON files, no shards")
         if not found:
             die(f"no input matches {spec!r}")
         for url in found:

@@ -263,7 +263,7 @@ def add_parser(subparsers):
     parser.add_argument("-o", "--output", required=True, metavar="OUTDIR", help="a local directory, made if missing")
     parser.add_argument("--workers", type=int, metavar="N", help="processes of the local pool (default: one per core)")
     parser.add_argument("--scheduler", metavar="tcp://HOST:PORT", help="run on this Dask distributed scheduler")
-    parser.add_argument("--force", action="store_true", help="convert again shards whose output is complete")
+    parser.add_argument("-f", "--force", action="store_true", help="convert again shards whose output is complete")
     add_common(parser)
     parser.set_defaults(func=run)
 

@@ -130,7 +130,7 @@ def add_parser(subparsers):
                              f"e.g. 'idx/{{name}}.idx'")
     parser.add_argument("--format", choices=("json", "dali"), default="json",
                         help="json: wdsmp's manifest (default); dali: DALI's per-shard index files")
-    parser.add_argument("--force", action="store_true", help="overwrite existing output")
+    parser.add_argument("-f", "--force", action="store_true", help="overwrite existing output")
     add_common(parser)
     parser.set_defaults(func=run)
 

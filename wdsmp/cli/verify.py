@@ -274,7 +274,7 @@ def run(args):
     if args.index is not None:
         entries = {_place(entry["url"]): entry for entry in read_entries(args.index)}
     if args.shards:  # a missing file is a problem of its shard, reported with the others'
-        urls = distinct_shards(expand_inputs(args.shards, missing_ok=True))[0]
+        urls = distinct_shards(expand_inputs(args.shards, missing_ok=True, index_option='--index'))[0]
     else:
         urls = [entry["url"] for entry in entries.values()]
     hashed = entries is not None and any("sha256" in entry for entry in entries.values())
