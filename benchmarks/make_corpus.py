@@ -40,6 +40,7 @@ Needs scikit-image (``pip install scikit-image``) for the photographs.
 """
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import multiprocessing
@@ -148,6 +149,16 @@ def make_sample(job):
     return f"{index:08d}", "jpg", data, label, width, height
 
 
+def _size_and_digest(path):
+    """``{"size", "sha256"}`` of the file at ``path``, as ``wdsmp index`` records them (so that
+    ``wdsmp verify --index`` checks every byte)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as stream:
+        for block in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(block)
+    return {"size": os.path.getsize(path), "sha256": digest.hexdigest()}
+
+
 def write_corpus(outdir, images, shard_size, classes, seed, recipe, processes, command):
     """Write the shards and ``index.json``; returns the index."""
     os.makedirs(outdir, exist_ok=True)
@@ -169,7 +180,7 @@ def write_corpus(outdir, images, shard_size, classes, seed, recipe, processes, c
                 print(f"  {done}/{images} images, {done / (now - start):.0f}/s, "
                       f"mean {stats['bytes'] / done / 1e3:.1f} KB", file=sys.stderr, flush=True)
     index = {
-        "shards": [{"url": os.path.basename(name), "samples": n} for name, n in counts.items()],
+        "shards": [{"url": os.path.basename(name), "samples": n, **_size_and_digest(name)} for name, n in counts.items()],
         "samples": images, "classes": classes, "seed": seed, "jpg": stats["jpg"], "ppm": stats["ppm"],
         "total_bytes": stats["bytes"], "mean_bytes": round(stats["bytes"] / images),
         "mean_width": round(stats["width"] / images), "mean_height": round(stats["height"] / images),

@@ -27,9 +27,13 @@ def rates(series, window=_WINDOW_S):
     return times, values
 
 
-def draw(results, path, title):
-    """Write the picture of ``results`` (``{contender: Result}``, the best rounds) to ``path``;
-    ImportError (with what to install) when matplotlib is missing."""
+# Each stage keeps its colour from one picture to the next (``benchmark.STAGE_GROUPS``, then "other").
+STAGE_ORDER = ("read shards", "decode", "crop, resize, flip", "batch", "other")
+
+
+def draw(results, path, title, note=None):
+    """Write the picture of ``results`` (``{contender: Result}``, the best rounds) to ``path``,
+    with ``note`` under it; ImportError (with what to install) when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -37,7 +41,7 @@ def draw(results, path, title):
         import matplotlib.pyplot as plt
     except ImportError as exn:
         raise ImportError("the picture needs matplotlib: pip install 'wdsmp[plot]'") from exn
-    figure, (over_time, by_stage) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    figure, (over_time, by_stage) = plt.subplots(1, 2, figsize=(11, 5.0), gridspec_kw={"width_ratios": [3, 2]})
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     measured = {name: result for name, result in results.items() if result.images_per_s is not None}
     for (name, result), colour in zip(measured.items(), colours):
@@ -51,19 +55,25 @@ def draw(results, path, title):
     over_time.set_ylabel("images/s")
     over_time.set_ylim(bottom=0)
     over_time.set_title("images/s over time (best round)")
-    over_time.legend(fontsize="small", loc="lower right")
+    # Below the axes: inside, the legend would hide the curves' last seconds.
+    over_time.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     names = [name for name, result in measured.items() if result.stages]
     stages = list(dict.fromkeys(stage for name in names for stage in results[name].stages))
+    stages.sort(key=lambda stage: STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER))
+    palette = plt.get_cmap("Set2").colors
     left = [0.0] * len(names)
-    for stage, colour in zip(stages, colours[len(results):] + colours):
+    for stage in stages:
+        colour = palette[(STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER)) % len(palette)]
         widths = [results[name].stages.get(stage, 0.0) for name in names]
         by_stage.barh(names, widths, left=left, label=stage, color=colour)
         left = [a + b for a, b in zip(left, widths)]
     by_stage.invert_yaxis()
     by_stage.set_xlabel("worker milliseconds per image (wall clock)")
     by_stage.set_title("where the workers' time goes")
-    by_stage.legend(fontsize="small", loc="lower right")
+    by_stage.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)
     figure.suptitle(title, fontsize="medium")
-    figure.tight_layout()
+    if note:
+        figure.text(0.5, 0.01, note, ha="center", va="bottom", fontsize="small", wrap=True)
+    figure.tight_layout(rect=(0, 0.05 if note else 0, 1, 1))
     figure.savefig(path, dpi=80)
     plt.close(figure)

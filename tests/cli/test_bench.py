@@ -1,6 +1,7 @@
 """``wdsmp bench``: the loader benchmark runs from the installed package, all three contenders."""
 
 import argparse
+import importlib.util
 import os
 import subprocess
 import json
@@ -210,3 +211,20 @@ def test_bench_needs_shards_or_a_corpus_and_an_image(tmp_path, capsys):
         sink.write({"__key__": "a", "txt": "no image here"})
     assert main(["bench", str(tmp_path / "text.tar"), "--plot", str(tmp_path / "p.png")]) == 2
     assert "has no image FastLoader reads" in capsys.readouterr().err
+
+
+def test_make_corpus_indexes_sizes_and_digests_or_says_what_it_needs(tmp_path, capsys):
+    """The generated corpus's index lets ``verify --index`` check every byte; without its source
+    photographs (scikit-image, the ``bench`` extra) the script says so instead of hanging."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          "benchmarks", "make_corpus.py")
+    done = subprocess.run([sys.executable, script, str(tmp_path), "--images", "6", "--shard-size", "3",
+                           "--processes", "1"], capture_output=True, text=True, timeout=120)
+    if importlib.util.find_spec("skimage") is None:
+        assert done.returncode == 2 and "come from scikit-image: pip install -e '.[bench]'" in done.stderr
+        return
+    assert done.returncode == 0, done.stderr
+    entries = json.loads((tmp_path / "index.json").read_text())["shards"]
+    assert [sorted(entry) for entry in entries] == [["samples", "sha256", "size", "url"]] * 2
+    assert main(["verify", "-q", "--json", "--index", str(tmp_path / "index.json")]) == 0
+    assert json.loads(capsys.readouterr().out)["bad_shards"] == 0

@@ -126,6 +126,8 @@ def _figures(wait=1.0, training=1.0, transfer=0.0, busy=0.9, batches=10, jpeg=0,
     (_figures(slot_wait=5, decode=1), None, "delivery-bound: training waited 50% of the time while workers waited"),
     (_figures(decode=8, busy=0.4), None, "; the workers were idle 60% of the time (epochs of fewer batches"),
     (_figures(write=6, decode=4), None, "loader-bound: 60% of worker time is spent writing labels"),
+    (_figures(decode=8, busy=0.02), None, "startup-bound: training waited 50% of the time while the workers were "
+                                          "busy only 2%"),
 ])
 def test_the_bottleneck_in_words(figures, cache_dir, expected):
     assert expected in diagnose(figures, num_workers=1, source="http://h:1", cache_dir=cache_dir)

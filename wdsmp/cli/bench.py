@@ -6,6 +6,7 @@ run the same measurement.
 """
 
 import argparse
+import os
 import shlex
 import sys
 
@@ -115,6 +116,7 @@ def _run_scaling(args):
     from dataclasses import asdict
 
     from .. import benchplot, shardbench
+    from ..benchmark import CROP_SIZE
     from ..shardindex import is_index, shard_counts
 
     check_output(args.plot, args.force)
@@ -137,9 +139,12 @@ def _run_scaling(args):
         print(f"# {command}: {len(urls)} shards, image .{args.image}, label "
               f"{'.' + args.label if args.label else 'none'}", file=sys.stderr, flush=True)
     rows = shardbench.scaling(source, args, log=None if args.quiet else sys.stderr)
-    measured = {f"{workers} workers": result for workers, result in rows if not isinstance(result, Exception)}
+    measured = {f"{workers} worker{'s' * (workers > 1)}": result for workers, result in rows
+                if not isinstance(result, Exception)}
+    title = (f"FastLoader on {len(urls)} shards ({os.path.dirname(urls[0]) or '.'}), batches of {args.batch_size}, "
+             f"crop to {CROP_SIZE}; {os.cpu_count()} cores")
     try:
-        benchplot.draw(measured, args.plot, f"FastLoader on {len(urls)} shards: {command}")
+        benchplot.draw(measured, args.plot, title)
         drawn = f"# picture: {args.plot}"
     except ImportError as exn:
         drawn = f"# no picture: {exn}"

@@ -18,6 +18,7 @@ __all__ = ["WAITING", "diagnose", "shard_source"]
 
 WAITING = 0.15  # the share of its time the training loop may wait for data and still be the bottleneck
 IDLE = 0.5  # workers busy less than this while the training loop waits: said, with the likely causes
+MOSTLY_IDLE = 0.2  # ... and less than this: no stage is the bottleneck, starting and turning over are
 
 
 def shard_source(urls):
@@ -71,7 +72,7 @@ def _idle(busy):
 def diagnose(figures, *, num_workers, source, cache_dir=None):
     """The bottleneck of ``figures`` (``LoaderStats``'s, with ``batches``) in one sentence,
     beginning with its name: ``training-bound``, ``transfer-bound``, ``input-bound``,
-    ``decode-bound``, ``stage-bound``, ``delivery-bound`` or ``loader-bound`` (or
+    ``decode-bound``, ``stage-bound``, ``delivery-bound``, ``loader-bound`` or ``startup-bound`` (or
     ``starting`` before the second batch: the first one's wait is start-up)."""
     sentence = _diagnose(figures, num_workers, source, cache_dir)
     if figures.get("pinned") is False:
@@ -92,6 +93,10 @@ def _diagnose(figures, num_workers, source, cache_dir):
         return (f"training-bound: the training loop held the batches {_share(figures['training_s'] / main)} of "
                 f"the time and waited for data {_share(waited)}, workers busy {_share(busy)}: the loader keeps up, "
                 f"more workers would not help")
+    if busy < MOSTLY_IDLE:
+        return (f"startup-bound: training waited {_share(waited)} of the time while the workers were busy only "
+                f"{_share(busy)}: the run is mostly workers starting and epochs turning over (a short run, or "
+                f"epochs of few batches per worker); measure longer, or with fewer workers")
     return _loader_bound(figures, f"training waited {_share(waited)} of the time", num_workers, source,
                          cache_dir) + _idle(busy)
 
