@@ -1,9 +1,8 @@
 """The loader benchmark's user pipeline (``wdsmp.benchmark.user_webdataset_loader``: decode("pil"),
 to_tuple, a torchvision-like crop, flip and to-tensor, batched, in a DataLoader with two workers;
 here after turning each image upright by its EXIF orientation) gives the same batches with
-``import wdsmp as wds`` as with webdataset 1.0.2 (skipped without it; wdsmp's workers write later
-batches into the memory of earlier ones let go of), and wdsmp's batches leave the workers in shared
-memory, as one buffer."""
+``import wdsmp as wds`` as with webdataset 1.0.2 (skipped without it), and wdsmp's batches leave
+the workers in shared memory, as one buffer."""
 
 import io
 
