@@ -79,16 +79,17 @@ def _cuda_error(cudart, result):
 
 class PinnedRing:
     """The ring's registration with CUDA, made on ``device``: ``ok`` (True when pinned),
-    ``error`` (CUDA's message when registration failed), and the side streams that copy from
-    it (``readers``), waited for before new workers write into its slots and before it is
-    unregistered at the loader's close."""
+    ``error`` (CUDA's message when registration failed), and the loader's side streams, one
+    per device, which copy from it (``readers``): waited for before new workers write into its
+    slots and before it is unregistered at the loader's close."""
 
     def __init__(self, resources, device):
         import numpy as np
         import torch
 
         memory = np.frombuffer(resources.ring.buffer, np.uint8)
-        self.pointer, self.device, self.readers, self.error = memory.ctypes.data, device, set(), None
+        self.pointer, self.device, self.error = memory.ctypes.data, device, None
+        self.readers = {}  # device -> the loader's side stream there
         cudart = torch.cuda.cudart()
         with torch.cuda.device(device):
             result = cudart.cudaHostRegister(self.pointer, memory.nbytes, 1)  # 1: cudaHostRegisterPortable
@@ -101,10 +102,19 @@ class PinnedRing:
         self._memory = memory  # keeps the mapping alive while it is registered
         resources.on_close(self.unregister)
 
+    def side_stream(self, device):
+        """The loader's side stream on ``device``: one per loader and device, whatever the
+        number of ``.cuda()`` objects and epochs."""
+        import torch
+
+        if device not in self.readers:
+            self.readers[device] = torch.cuda.Stream(device)
+        return self.readers[device]
+
     def wait(self):
         """Wait for the copies that may still read the ring (a ``.cuda()`` iterator left
         suspended): only the loader's own streams, not the device's others."""
-        for stream in self.readers:
+        for stream in self.readers.values():
             stream.synchronize()
 
     def unregister(self):
@@ -232,7 +242,7 @@ class CudaLoader:
             std64 = torch.tensor(std, dtype=torch.float64).reshape(1, 3, 1, 1)
             self.scale = (1.0 / std64).float().to(self.device)
             self.bias = (-mean64 / std64).float().to(self.device)
-        self.stream = None  # the side stream, made at the first iteration
+        self.stream = None  # the loader's side stream on ``device``, from the first iteration on
 
     def __len__(self):
         return len(self.loader)
@@ -245,10 +255,7 @@ class CudaLoader:
         stats = epoch.stats
         pinned = pin(epoch.resources, self.device)
         stats.pinning(pinned.ok, pinned.error)
-        if self.stream is None:
-            self.stream = torch.cuda.Stream(self.device)
-        if pinned.ok:
-            pinned.readers.add(self.stream)
+        self.stream = pinned.side_stream(self.device)
         staging = None if pinned.ok else [None] * (self.depth + 1)
         inflight, issued, exhausted = collections.deque(), 0, False
         try:
