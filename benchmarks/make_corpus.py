@@ -180,7 +180,8 @@ def write_corpus(outdir, images, shard_size, classes, seed, recipe, processes, c
                 print(f"  {done}/{images} images, {done / (now - start):.0f}/s, "
                       f"mean {stats['bytes'] / done / 1e3:.1f} KB", file=sys.stderr, flush=True)
     index = {
-        "shards": [{"url": os.path.basename(name), "samples": n, **_size_and_digest(name)} for name, n in counts.items()],
+        "shards": [{"url": os.path.basename(name), "samples": n, **_size_and_digest(name)}
+                   for name, n in counts.items()],
         "samples": images, "classes": classes, "seed": seed, "jpg": stats["jpg"], "ppm": stats["ppm"],
         "total_bytes": stats["bytes"], "mean_bytes": round(stats["bytes"] / images),
         "mean_width": round(stats["width"] / images), "mean_height": round(stats["height"] / images),

@@ -598,7 +598,8 @@ def test_image_bombs_are_refused_by_the_pixel_budget_under_a_memory_limit(tmp_pa
         """)
     assert status == 0, out
     for fmt, ext in (("PNG", "png"), ("WEBP", "webp")):
-        assert re.search(rf"DecodingError cannot decode: ImageTooLarge: the {fmt} image decodes to 13000x13000 = 169000000 pixels, "
+        assert re.search(rf"DecodingError cannot decode: ImageTooLarge: the {fmt} image decodes to 13000x13000 = "
+                         rf"169000000 pixels, "
                          rf"more than the budget of 67108864 pixels per image \(max_image_pixels, or "
                          rf"WDSMP_MAX_IMAGE_PIXELS\).*member 'k.{ext}'", out), out
 

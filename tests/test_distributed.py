@@ -64,7 +64,8 @@ def _torchrun(out, tag, urls, loader, workers=2, **options):
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(sys.path))
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
     if result.returncode != 0 and "kill_at" not in options:
-        raise AssertionError(f"torchrun failed ({result.returncode}):\n{result.stdout[-3000:]}\n{result.stderr[-6000:]}")
+        raise AssertionError(f"torchrun failed ({result.returncode}):\n{result.stdout[-3000:]}\n"
+                             f"{result.stderr[-6000:]}")
     return result.returncode
 
 

@@ -409,7 +409,8 @@ shards = wds.shardlists.SimpleShardList(sys.argv[1:])
 assert callable(wds.tariterators.tar_file_expander) and wds.utils.enforce_security in (True, False)
 assert wds.writer.TarWriter is wds.TarWriter and wds.filters.to_tuple is wds.to_tuple
 assert callable(wds.tenbin.encode_buffer) and callable(wds.gopen)  # the function, not its module
-assert wds.pytorch.DataLoader is torch.utils.data.DataLoader and wds.pytorch.IterableDataset is torch.utils.data.IterableDataset
+assert wds.pytorch.DataLoader is torch.utils.data.DataLoader
+assert wds.pytorch.IterableDataset is torch.utils.data.IterableDataset
 OPENED = []
 
 

@@ -239,7 +239,8 @@ def test_http_trickle_that_ignores_range_fails_while_the_bytes_already_read_are_
     http_server.fault("t.bin", "trickle", times=None, seconds=0.2, after=1000, whole=True)
     started = time.monotonic()
     with pytest.raises(ShardError, match=r"GET too slow: \d+ bytes in 1\.\d s of waiting .* less than min_rate=100 "
-                                         r"bytes/s over rate_window=1 s at byte \d+ of 1049344; gave up after 1 retries"):
+                                         r"bytes/s over rate_window=1 s at byte \d+ of 1049344; "
+                                         r"gave up after 1 retries"):
         with gopen(url, retries=1, read_timeout=2, min_rate=100, rate_window=1, **FAST) as stream:
             read_all(stream)
     assert time.monotonic() - started < 30

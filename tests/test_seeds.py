@@ -538,7 +538,8 @@ def test_002_pipeline_interface(publaynet):
 
 def test_002_resampled_fluid_with_epoch(publaynet):
     url = publaynet
-    dataset = wds.WebDataset(url, resampled=True).shuffle(1000).decode("rgb").to_tuple("png", "json").map(preprocess).with_epoch(10000)
+    dataset = (wds.WebDataset(url, resampled=True).shuffle(1000).decode("rgb").to_tuple("png", "json")
+               .map(preprocess).with_epoch(10000))
     sample = next(iter(dataset))
     assert sample[0].shape == (280, 300, 3)
     assert len(list(islice(dataset, 50))) == 50  # endless shards: more than the 12 pages

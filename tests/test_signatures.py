@@ -256,7 +256,8 @@ TABLE = [
     # group_by_keys(data, keys, lcase, suffixes, handler)
     ("group_by_keys", "keys", SAME,  # split at the last dot: c.seg.png is sample c.seg's png
      lambda wds, d: grouped(wds, d.shard, keys=lambda n: tuple(n.rsplit(".", 1))),
-     lambda d: [["__key__", "__url__", "cls", "txt"]] * 2 + [["__key__", "__url__", "txt"], ["__key__", "__url__", "png"]]),
+     lambda d: [["__key__", "__url__", "cls", "txt"]] * 2
+     + [["__key__", "__url__", "txt"], ["__key__", "__url__", "png"]]),
     ("group_by_keys", "lcase", SAME,
      lambda wds, d: grouped(wds, d.shard, lcase=False)[0],
      lambda d: ["CLS", "__key__", "__url__", "txt"]),
@@ -482,7 +483,8 @@ PROPERTIES = {
     ("shuffle", "seed, handler"): lambda r, d: r[0] == r[1] != list(range(20)),
     ("rename_keys", "keep_unselected, must_match, duplicate_is_error"):
         lambda r, d: len(r) == 1 and "label" in r[0] and "__key__" in r[0],
-    ("WebDataset", "shardshuffle, seed"): lambda r, d: r[0] == r[1] and sorted(r[0]) == ["s0_0", "s0_1", "s1_0", "s1_1"],
+    ("WebDataset", "shardshuffle, seed"):
+        lambda r, d: r[0] == r[1] and sorted(r[0]) == ["s0_0", "s0_1", "s1_0", "s1_1"],
     ("ShardWriter", "maxcount, start_shard, verbose"): lambda r, d: [f.rsplit("-", 1)[1] for f in r] == [
         "03.tar", "04.tar", "05.tar"],
 }

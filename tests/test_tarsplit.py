@@ -142,7 +142,8 @@ def test_directories_are_skipped_and_links_come_with_their_members_data(impl):
     (tarfile.FIFOTYPE, "fifo", "", r"member type '6' \(FIFO\)"),
     (tarfile.CHRTYPE, "tty", "", r"member type '3' \(character device\)"),
     (b"M", "cont", "", r"member type 'M' \(an unknown type\)"),
-    (tarfile.LNKTYPE, "b.jpg", "missing.jpg", r"hard link to 'missing.jpg', a member not among the last 64 members and 16 MiB"),
+    (tarfile.LNKTYPE, "b.jpg", "missing.jpg",
+     r"hard link to 'missing.jpg', a member not among the last 64 members and 16 MiB"),
     (tarfile.SYMTYPE, "b.jpg", "/etc/passwd", r"symbolic link to '/etc/passwd', outside the archive"),
     (tarfile.SYMTYPE, "b.jpg", "../up.jpg", r"symbolic link to '../up.jpg', outside the archive"),
 ])

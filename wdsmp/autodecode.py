@@ -39,7 +39,6 @@ refuses ``.pth`` altogether: ``weights_only`` loading is itself an unpickler,
 and it has had holes (CVE-2025-32434).
 """
 
-import functools
 import importlib
 import io
 import json

@@ -319,9 +319,9 @@ class FileCache:
     file's name for a URL, a relative path (default :func:`url_to_name`).
     ``validator(path)``: whether a cache file is fit to read; one that is not, or
     whose size is not the one it was cached with, is removed and fetched again,
-    with a warning (default :func:`check_tar_format`; None trusts every file). ``lock_timeout``: seconds to wait while another
-    process fetches the same URL, after which the shard is read from its source
-    without caching, with a warning. ``always``: cache local files too.
+    with a warning (default :func:`check_tar_format`; None trusts every file).
+    ``lock_timeout``: seconds to wait while another process fetches the same URL,
+    after which the shard is read from its source without caching, with a warning. ``always``: cache local files too.
     ``verbose``: say what the cache does, on stderr. ``handler``: what an error
     opening a URL does to the stage. ``cache_cleanup_interval`` is accepted for
     webdataset's signature, where it spaces out the size checks: here the cap is

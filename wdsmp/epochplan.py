@@ -416,7 +416,8 @@ def plan_epoch(shards, position=0, *, batch_size, seed=0, rank=0, world_size=1, 
     if consumed is None:
         return plan
     if len(consumed) != plan.num_streams:
-        raise ValueError(f"position has worker_consumed for {len(consumed)} workers, the plan has {plan.num_streams} streams")
+        raise ValueError(f"position has worker_consumed for {len(consumed)} workers, the plan has "
+                         f"{plan.num_streams} streams")
     return replace(plan, streams=tuple(replace(stream, consumed=n) for stream, n in zip(plan.streams, consumed)))
 
 

@@ -162,8 +162,9 @@ class ExactSamples(CountedSource):
         """This rank's plan of ``epoch`` (default: the current one) for ``streams`` streams
         (``epochplan.EpochPlan``)."""
         rank, world_size = self.node()
-        return plan_epoch(self.shards, self.epoch if epoch is None else epoch, batch_size=self.batch_size, seed=self.seed, rank=rank,
-                          world_size=world_size, num_streams=streams, policy=self.policy, shuffle=self.shuffle)
+        return plan_epoch(self.shards, self.epoch if epoch is None else epoch, batch_size=self.batch_size,
+                          seed=self.seed, rank=rank, world_size=world_size, num_streams=streams,
+                          policy=self.policy, shuffle=self.shuffle)
 
     def __len__(self):
         """Batches per rank in an epoch (the same on every rank)."""

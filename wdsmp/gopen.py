@@ -484,7 +484,8 @@ _AIS_PROVIDERS = {"gs": "gcp", "gcp": "gcp", "s3": "aws", "aws": "aws", "az": "a
 
 
 def ais_object_url(endpoint, url):
-    """The AIStore HTTP API URL of ``scheme://bucket/object``: ``{endpoint}/v1/objects/{bucket}/{object}?provider=...``."""
+    """The AIStore HTTP API URL of ``scheme://bucket/object``:
+    ``{endpoint}/v1/objects/{bucket}/{object}?provider=...``."""
     scheme, sep, rest = url.partition("://")
     bucket, _, name = rest.partition("/")
     if not sep or not bucket or not name:

@@ -2,8 +2,8 @@
 sweep of what dead processes left, and the watch that keeps a child from outliving its parent.
 
 Shard claims (``DirectoryShardList``) and shared-memory segments carry the
-pid of their owner; each is reclaimed only when that process is gone. Worker processes (FastLoader's, ``wdsmp convert``'s pool)
-call ``exit_with_parent`` as they start, so that a parent killed without a
+pid of their owner; each is reclaimed only when that process is gone. Worker processes
+(FastLoader's, ``wdsmp convert``'s pool) call ``exit_with_parent`` as they start, so that a parent killed without a
 chance to stop them (SIGKILL, the OOM killer) leaves none of them blocked
 forever.
 """

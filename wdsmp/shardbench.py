@@ -69,7 +69,8 @@ def scaling(urls, args, log=None):
 def _row(workers, result):
     if isinstance(result, Exception):
         return f"{workers:>3} worker{'s' * (workers > 1)}: failed: {type(result).__name__}: {result}"
-    return (f"{workers:>3} worker{'s' * (workers > 1)}: {result.images_per_s:8,.0f} images/s, {result.images_per_s / workers:6,.0f} per "
+    return (f"{workers:>3} worker{'s' * (workers > 1)}: {result.images_per_s:8,.0f} images/s, "
+            f"{result.images_per_s / workers:6,.0f} per "
             f"worker, {result.cpu_cores:.1f} cores busy, other load {result.other_cores:.1f} cores")
 
 
@@ -97,7 +98,8 @@ def report(rows, rate):
     if measured:
         workers, result = measured[-1]
         stages = ", ".join(f"{name} {ms:.2f}" for name, ms in result.stages.items())
-        lines += ["", f"At {workers} worker{'s' * (workers > 1)}, worker time per image (ms): {stages}", f"Bottleneck: {result.note}"]
+        lines += ["", f"At {workers} worker{'s' * (workers > 1)}, worker time per image (ms): {stages}",
+                  f"Bottleneck: {result.note}"]
         needed = cores_for(rate, rows)
         lines.append(f"To feed {rate:,.0f} images/s at this rate per worker: about {needed} cores for the loader "
                      f"(this machine has {os.cpu_count()})")

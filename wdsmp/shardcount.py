@@ -124,7 +124,8 @@ class CountCache:
         for directory, group in _by_directory(counts).items():
             path = self._file(directory)
             shards = self._read(directory)
-            shards.update({os.path.basename(p): {"file": _identity(info), "samples": n} for p, (info, n) in group.items()})
+            shards.update({os.path.basename(p): {"file": _identity(info), "samples": n}
+                           for p, (info, n) in group.items()})
             text = json.dumps({"directory": directory, "shards": shards}, separators=(",", ":"))
             try:
                 os.makedirs(self.root, mode=0o700, exist_ok=True)

@@ -41,3 +41,11 @@ def test_doctor_says_what_a_build_without_libjpeg_turbo_lacks():
     assert line.startswith("not built  wdsmp._jpegregion: FastLoader's JPEG region decoder (libjpeg-turbo); "
                            "import of wdsmp._jpegregion halted")
     assert "FastLoader decodes whole JPEGs with simplejpeg instead" in line
+
+
+def test_version_is_the_packages():
+    done = subprocess.run([sys.executable, "-m", "wdsmp.cli", "--version"], capture_output=True, text=True,
+                          timeout=60)
+    import wdsmp
+
+    assert done.returncode == 0 and done.stdout.strip() == f"wdsmp {wdsmp.__version__}"

@@ -898,7 +898,8 @@ def test_progressive_jpeg_bombs_are_refused_under_a_memory_and_a_time_limit(tmp_
         """, timeout=60)
     assert status == 0, out
     assert re.search(r"DecodeError the JPEG image is progressive, 16000x16000 pixels of 3 components: "
-                     r"libjpeg-turbo holds all its 1,465 MiB of coefficients .*shard 's.tar', member 'big.jpg'", out), out
+                     r"libjpeg-turbo holds all its 1,465 MiB of coefficients .*shard 's.tar', member 'big.jpg'",
+                     out), out
     assert re.search(r"DecodeError the JPEG image is progressive with 257 scans, more than the 256 .*"
                      r"member 'scans.jpg'", out), out
     assert len(re.findall(r"^(rgb8|pil) ImageTooLarge .*refusing to decode it$", out, re.M)) == 4, out

@@ -509,7 +509,8 @@ _UNGUARDED = textwrap.dedent("""
 
 @pytest.mark.processes
 def test_a_script_without_main_guard_works(shards, tmp_path):
-    """Workers do not import the user's script when nothing of it is needed (NOTE [worker processes] in ``wdsmp/fast/pool.py``)."""
+    """Workers do not import the user's script when nothing of it is needed (NOTE [worker processes]
+    in ``wdsmp/fast/pool.py``)."""
     _, index, _ = shards
     path = tmp_path / "train.py"
     path.write_text(_UNGUARDED.format(function="", label=""))
@@ -652,7 +653,8 @@ def test_a_skipped_last_sample_does_not_lose_its_slot(shards):
 
 def test_a_failing_stage_ends_the_stream_loudly(shards):
     urls, _, _ = shards
-    with pytest.warns(UserWarning, match="a stage raised ValueError: stage failure; the rest of stream 0 of epoch 0 in worker 0"):
+    with pytest.warns(UserWarning,
+                      match="a stage raised ValueError: stage failure; the rest of stream 0 of epoch 0 in worker 0"):
         with _loader([(urls[0], PER_SHARD)], num_workers=1, shuffle=False, train=False, keys=True,
                      stages=[functools.partial(raise_at, "007")], handler=wdsmp.ignore_and_continue) as loader:
             batches = list(loader)
@@ -665,7 +667,8 @@ def test_a_stage_failing_in_the_first_batch_says_how_far_the_stream_got(shards, 
     """The warning counts the items read before the stage failed, also before any row of the
     first batch is done."""
     urls, _, _ = shards
-    with pytest.warns(UserWarning, match=r"the rest of stream 0 of epoch 0 in worker 0 is lost \(after 2 of its items\)"):
+    with pytest.warns(UserWarning,
+                      match=r"the rest of stream 0 of epoch 0 in worker 0 is lost \(after 2 of its items\)"):
         with _loader([(urls[0], PER_SHARD)], num_workers=num_workers, shuffle=False, shuffle_buffer=0, keys=True,
                      stages=[functools.partial(raise_at, "002")], handler=wdsmp.ignore_and_continue) as loader:
             assert next(iter(loader)).keys == ["s0/000", "s0/001", "s0/001", "s0/001"]

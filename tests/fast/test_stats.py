@@ -193,7 +193,7 @@ def test_a_loop_slower_than_the_loader_is_training_bound(tmp_path):
 
 
 def test_a_throttled_server_is_input_bound(tmp_path, http_server):
-    index = _shards(tmp_path, 2, 6, 32)
+    _shards(tmp_path, 2, 6, 32)
     urls = []
     for s in range(2):
         urls.append(http_server.put_file(f"part-{s}.tar", (tmp_path / f"part-{s}.tar").read_bytes()))
@@ -204,7 +204,7 @@ def test_a_throttled_server_is_input_bound(tmp_path, http_server):
         figures = loader.stats
     assert figures["stages"]["fetch"]["seconds"] >= 2 * 1.5
     assert figures["shards"]["opened"] == 2
-    assert figures["bottleneck"].startswith(f"input-bound: ") and f"reading shards from {http_server.endpoint}" \
+    assert figures["bottleneck"].startswith("input-bound: ") and f"reading shards from {http_server.endpoint}" \
         in figures["bottleneck"] and "use cache_dir=" in figures["bottleneck"], figures
 
 

@@ -335,7 +335,8 @@ def test_gpu_check_script_runs_its_cpu_parts(tmp_path):
     pass and every GPU step is reported skipped."""
     summary = tmp_path / "gpu_check.json"
     done = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "gpu_check.py"), "--images", "64",
-                           "--batch", "16", "--budget", "240", "--seconds", "3", "--corpus", str(tmp_path / "corpus"), "--json", str(summary)],
+                           "--batch", "16", "--budget", "240", "--seconds", "3", "--corpus", str(tmp_path / "corpus"),
+                           "--json", str(summary)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     steps = json.loads(summary.read_text())["steps"]

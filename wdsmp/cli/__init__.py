@@ -20,8 +20,11 @@ _MODULES = ("create", "reshard", "listing", "index", "verify", "prefetch", "conv
 
 
 def _parser():
+    from .. import __version__
+
     parser = argparse.ArgumentParser(prog="wdsmp", description="Make, inspect, check, cache and convert "
                                      "WebDataset shards (POSIX tar files of samples).")
+    parser.add_argument("--version", action="version", version=f"wdsmp {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     from importlib import import_module
 

@@ -208,8 +208,9 @@ def add_parser(subparsers):
         description="Make WebDataset shards. From a directory, files sharing a path up to the first dot "
         "of their name are one sample (key = that path relative to SOURCE; the rest of the name is the "
         "field), samples sorted by key; hidden files are skipped, and so are symbolic links, each named on "
-        "stderr, unless --follow-links (then links that stay inside SOURCE are followed). --imagefolder adds a .cls field, the "
-        "index of the file's class directory (class names sorted), and writes the class index as JSON. "
+        "stderr, unless --follow-links (then links that stay inside SOURCE are followed). --imagefolder adds "
+        "a .cls field, the index of the file's class directory (class names sorted), and writes the class "
+        "index as JSON. "
         "--recipe reads lines 'key.ext source', source being a path or URL (pipe:command too) or "
         "text:literal, and writes samples in the order their keys first appear. The same input always "
         "gives the same bytes.")

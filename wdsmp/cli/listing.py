@@ -153,7 +153,8 @@ def run_info(args):
     if args.json:
         print_json(dict(
             shards=shards, samples=samples, bytes=total, mean_sample_bytes=mean, damaged=damaged,
-            members=members, outside=outside, links=links, extensions={name: dict(samples=n, bytes=size, mean_bytes=size / n)
+            members=members, outside=outside, links=links,
+            extensions={name: dict(samples=n, bytes=size, mean_bytes=size / n)
                         for name, (n, size) in sorted(fields.items())}))
     else:
         lines = [f"shards    {len(shards)}" + (f" ({damaged} damaged)" if damaged else ""),

@@ -288,7 +288,8 @@ class Delivery:
         if timeout is not None and time.monotonic() - started > timeout:
             stream = self._next_stream()
             self._fail(TimeoutError(f"no batch from loader worker {waiting_for} for {timeout} s "
-                                    f"(epoch {self.plan.epoch}, batch {self.delivered[stream]} of its stream {stream})"))
+                                    f"(epoch {self.plan.epoch}, batch {self.delivered[stream]} of its stream "
+                                    f"{stream})"))
 
     def _check_processes(self, waiting_for):
         # A worker that ended its part of this epoch and died after is the next epoch's to report.

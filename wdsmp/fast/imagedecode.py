@@ -337,9 +337,9 @@ def decode_into(data, out, train, rng, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3
     is allocated, and so is an image that would decode to more pixels than the
     budget (``DecodeOptions.max_pixels``, else ``imagesize.loader_pixel_budget``:
     at least 256 times the output's pixels): JPEGs are decoded at reduced size
-    first, so it is formats decoded whole (PNG, WebP, ...) that meet it. ``data`` may also be pixels a stage decoded already (a uint8
-    HxWx3, HxWx1 or HxW array, or a PIL image): they are only cropped and
-    resized. Failures raise :class:`wdsmp.DecodeError` naming ``url`` and
+    first, so it is formats decoded whole (PNG, WebP, ...) that meet it. ``data`` may
+    also be pixels a stage decoded already (a uint8 HxWx3, HxWx1 or HxW array, or a
+    PIL image): they are only cropped and resized. Failures raise :class:`wdsmp.DecodeError` naming ``url`` and
     ``member``, the cause chained.
     """
     options = DecodeOptions(train, scale, ratio, flip, resize_ratio, dct_scaling, region)

@@ -106,8 +106,8 @@ class FastLoader:
     it up (``set_epoch`` sets it). Ranks: ``rank``/``world_size`` default to
     torch.distributed's, else ``RANK``/``WORLD_SIZE``; ``policy`` ("drop" or "pad") evens
     out ranks. ``num_workers`` defaults to the CPUs this process may use, shared among the
-    node's ranks under torchrun (divided by ``LOCAL_WORLD_SIZE``). ``resampled=True`` draws shards with replacement forever, ``epoch_batches``
-    per epoch.
+    node's ranks under torchrun (divided by ``LOCAL_WORLD_SIZE``). ``resampled=True`` draws
+    shards with replacement forever, ``epoch_batches`` per epoch.
 
     Remote shards (``http(s)://``, ``s3://``, ``pipe:``, ...) are streamed; with ``cache_dir``
     each is fetched whole into it before its first sample is read, and read from there
@@ -333,12 +333,12 @@ class FastLoader:
         ``wait_s`` (waiting for workers), ``training_s`` (the training loop holding batches),
         ``transfer_s`` (``.cuda()``'s host time) and ``wait_fraction``; under ``.cuda()``
         ``h2d_s`` (the copies' time on the GPU), ``copy_wait_s`` (the host waiting for copies),
-        ``pinned`` (whether the ring is pinned; None before ``.cuda()``) and ``pin_error``; from the workers ``workers_busy``
-        (the share of their time spent on batches), ``worker_busy_s``, ``stages`` (``{stage:
-        {"seconds", "ms_per_image"}}`` for fetch, split, stages, decode, resize, write,
-        slot_wait and other), the same per worker in ``workers``, ``decode`` (JPEGs decoded, by
-        region, DCT-scaled) and ``shards`` (opened, cache hits and misses); and ``bottleneck``,
-        the sentence ``progress=`` prints."""
+        ``pinned`` (whether the ring is pinned; None before ``.cuda()``) and ``pin_error``;
+        from the workers ``workers_busy`` (the share of their time spent on batches),
+        ``worker_busy_s``, ``stages`` (``{stage: {"seconds", "ms_per_image"}}`` for fetch,
+        split, stages, decode, resize, write, slot_wait and other), the same per worker in
+        ``workers``, ``decode`` (JPEGs decoded, by region, DCT-scaled) and ``shards`` (opened,
+        cache hits and misses); and ``bottleneck``, the sentence ``progress=`` prints."""
         return self._stats.snapshot(max(self.epoch - 1, 0))
 
     def cuda(self, device=None, *, mean=None, std=None, dtype=None, channels_last=True, depth=2):

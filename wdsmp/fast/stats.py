@@ -247,7 +247,8 @@ class LoaderStats:
         return dict(
             {"epoch": epoch, "batches": totals.batches, "samples": totals.samples, "skipped": totals.skipped,
              "padded": totals.padded, "dropped": self.dropped, "dropped_shards": self.dropped_shards,
-             "repeated": self.repeated, "repeated_shards": self.repeated_shards, "startup_s": startup / 1e9, "elapsed_s": elapsed / 1e9,
+             "repeated": self.repeated, "repeated_shards": self.repeated_shards, "startup_s": startup / 1e9,
+             "elapsed_s": elapsed / 1e9,
              "images_per_s": _rate(totals.samples - self.first_samples, elapsed),
              "images_per_s_with_startup": _rate(totals.samples, elapsed + startup),
              "interval": "elapsed_s, images_per_s, workers_busy and the times in the main process run from the "

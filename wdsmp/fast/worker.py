@@ -395,8 +395,9 @@ class _Stream:
             return
         if self.last_good is None:
             raise WdsmpError(f"worker {self.worker} read no usable sample in stream {self.plan.stream} of epoch "
-                             f"{self.plan.epoch}, so it cannot fill its {self.plan.num_batches - self.plan.skip_batches} "
-                             f"batches ({self.skipped} samples skipped by the handler)")
+                             f"{self.plan.epoch}, so it cannot fill its "
+                             f"{self.plan.num_batches - self.plan.skip_batches} batches ({self.skipped} samples "
+                             f"skipped by the handler)")
         for name, row in self.last_good.items():
             arrays[name][rows:] = row
         self.padded += self.batch_size - rows
