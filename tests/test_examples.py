@@ -1,6 +1,6 @@
-"""Every Python example of README.md and of the public docstrings, run as a user runs it: a script
-of its own in a fresh interpreter, in a directory holding the shards it names (local shards, or
-the local HTTP server, in place of the buckets).
+"""Every Python example of README.md, of the documentation (``docs/``) and of the public
+docstrings, run as a user runs it: a script of its own in a fresh interpreter, in a directory
+holding the shards it names (local shards, or the local HTTP server, in place of the buckets).
 
 Examples that stand for longer runs are shortened (90 epochs to 2, 147 shards to 3); a fragment
 that goes on from the example before it gets ``import wdsmp as wds`` and the names the text
@@ -26,7 +26,8 @@ import torch
 import wdsmp
 from wdsmp.shardindex import write_index
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # docs pages that include files run none
 
 PRELUDE = '''\
 import glob
@@ -55,11 +56,14 @@ SUBSTITUTIONS = [
 ]
 
 
-def readme_examples():
-    """``(name, code)`` of each ```python block of README.md."""
-    text = README.read_text()
-    blocks = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
-    return [(f"README.md python block {i + 1}", block) for i, block in enumerate(blocks)]
+def page_examples():
+    """``(name, code)`` of each ```python block of README.md and of the documentation's pages."""
+    examples = []
+    for page in PAGES:
+        blocks = re.findall(r"^```python\n(.*?)^```", page.read_text(), re.S | re.M)
+        name = page.relative_to(ROOT)
+        examples += [(f"{name} python block {i + 1}", block) for i, block in enumerate(blocks)]
+    return examples
 
 
 def docstring_examples():
@@ -78,12 +82,13 @@ def docstring_examples():
     return examples
 
 
-EXAMPLES = readme_examples() + docstring_examples()
+EXAMPLES = page_examples() + docstring_examples()
 
 
 def test_the_examples_are_found():
     names = [name for name, _ in EXAMPLES]
-    assert len([n for n in names if n.startswith("README")]) >= 8
+    assert len([n for n in names if n.startswith("README")]) >= 5
+    assert len([n for n in names if n.startswith("docs/")]) >= 8
     assert "wdsmp.FastLoader docstring block 1" in names and "wdsmp.ExactSamples docstring block 1" in names
 
 

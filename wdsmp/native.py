@@ -135,7 +135,8 @@ _PARTS = {
     "_tarsplit": ("the tar splitter", "the pure-Python twin splits tar files instead, several times slower"),
     "_imgops": ("FastLoader's crop, resize and flip kernel", "the pure-Python twin resizes instead, much slower"),
     "_jpegregion": ("FastLoader's JPEG region decoder (libjpeg-turbo)",
-                    "FastLoader decodes whole JPEGs with simplejpeg instead, slower (README.md: Region decoding)"),
+                    "FastLoader decodes whole JPEGs with simplejpeg instead, slower "
+                    "(docs/installing.md: Region decoding)"),
 }
 
 
