@@ -94,8 +94,8 @@ def temp_beside(path):
 # Locks.
 
 
-_EXCLUSIVE_HERE = set()  # (pid, lock path) of each entry lock this process holds exclusively
-_TOO_BIG = {}  # URL -> its size in bytes, where a fetch found it larger than the cache's cap
+_EXCLUSIVE_HERE: set = set()  # (pid, lock path) of each entry lock this process holds exclusively
+_TOO_BIG: dict = {}  # URL -> its size in bytes, where a fetch found it larger than the cache's cap
 
 
 def known_too_big(url, cache_size):

@@ -188,7 +188,7 @@ class LazyJpegImage(PIL.Image.Image):
         other.load()
         return self == other
 
-    __hash__ = None
+    __hash__ = None  # type: ignore[assignment]  # unhashable, as Pillow's images are
 
     def __reduce_ex__(self, protocol):
         self.load()  # pickles as the plain image it becomes

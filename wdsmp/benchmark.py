@@ -73,6 +73,7 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass
+from typing import Optional
 
 import numpy as np
 import psutil
@@ -158,16 +159,16 @@ class Result:
     """One contender's figures; None where they do not apply."""
 
     images_per_s: float
-    first_batch_s: float = None
-    new_epoch_s: float = None  # median seconds from a new iter() to its first batch, over the window's epochs
-    cpu_cores: float = None
-    peak_pss: int = None
-    other_cores: float = None
-    pss_growth: int = None
-    images: int = None
-    note: str = None
-    series: list = None  # [(seconds since the loader was made, images delivered so far)], batch by batch
-    stages: dict = None  # {STAGE_GROUPS name or "other": worker milliseconds per image}
+    first_batch_s: Optional[float] = None
+    new_epoch_s: Optional[float] = None  # median seconds from a new iter() to its first batch, over the window's epochs
+    cpu_cores: Optional[float] = None
+    peak_pss: Optional[int] = None
+    other_cores: Optional[float] = None
+    pss_growth: Optional[int] = None
+    images: Optional[int] = None
+    note: Optional[str] = None
+    series: Optional[list] = None  # [(seconds since the loader was made, images delivered so far)], batch by batch
+    stages: Optional[dict] = None  # {STAGE_GROUPS name or "other": worker milliseconds per image}
 
 
 class RandomResizedCropFlip:

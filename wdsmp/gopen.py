@@ -531,7 +531,7 @@ gopen_schemes = {
     "hf": gopen_hf,
 }
 
-info = {}  # webdataset's module-level dict of opener state; wdsmp keeps nothing in it
+info: dict = {}  # webdataset's module-level dict of opener state; wdsmp keeps nothing in it
 
 
 def set_options(obj, timeout=None, ignore_errors=None, ignore_status=None, handler=None):

@@ -38,8 +38,8 @@ _NOT_BUILT = {
 _NOT_BUILT_CORE = ("wdsmp's native core is not built ({exn}); using the slower pure-Python twin. "
                    "Reinstall wdsmp with a C compiler to get it.")
 
-_loaded = {}  # name -> the module, or None when it is not built (a build does not appear mid-run)
-_missing = {}  # name -> why it is not built (the ImportError's message)
+_loaded: dict = {}  # name -> the module, or None when it is not built (a build does not appear mid-run)
+_missing: dict = {}  # name -> why it is not built (the ImportError's message)
 
 
 def _compiled(name):

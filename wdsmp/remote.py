@@ -57,6 +57,7 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass, fields
+from typing import Optional
 from urllib.parse import unquote, urlsplit
 
 from . import _env
@@ -141,9 +142,9 @@ class Reply:
 
     body: object
     status: int
-    length: int = None  # Content-Length of this reply
-    content_range: str = None
-    etag: str = None
+    length: Optional[int] = None  # Content-Length of this reply
+    content_range: Optional[str] = None
+    etag: Optional[str] = None
 
 
 def _this_machine(host):
@@ -427,7 +428,7 @@ class SpooledUpload(io.RawIOBase):
 # HTTP
 
 
-_pools = {}  # proxy URL or None -> urllib3 pool manager, of the process in _pools_pid
+_pools: dict = {}  # proxy URL or None -> urllib3 pool manager, of the process in _pools_pid
 _pools_pid = None  # connections are never shared across a fork
 
 

@@ -24,7 +24,7 @@ _TRANSIENT_CODES = frozenset({
     "ThrottlingException", "RequestLimitExceeded",
 })
 _CACHE_LIMIT = 8
-_clients = {}
+_clients: dict = {}
 _lock = threading.Lock()
 
 
