@@ -81,6 +81,7 @@ def _run(directory, code):
                           cwd=directory)
 
 
+@pytest.mark.processes  # DataLoader workers under fork, spawn and forkserver, in a script of its own
 def test_a_library_importing_webdataset_runs_on_wdsmp_in_every_worker(library):
     directory, urls = library
     script = directory / "train.py"

@@ -82,7 +82,17 @@ def docstring_examples():
     return examples
 
 
-EXAMPLES = page_examples() + docstring_examples()
+def distinct(examples):
+    """Each example's code once, under its first name (the README's quick start repeats the docs')."""
+    seen, kept = set(), []
+    for name, code in examples:
+        if code not in seen:
+            seen.add(code)
+            kept.append((name, code))
+    return kept
+
+
+EXAMPLES = distinct(page_examples() + docstring_examples())
 
 
 def test_the_examples_are_found():

@@ -330,6 +330,7 @@ def _gpu_check():
     return module
 
 
+@pytest.mark.processes  # a script of its own, running loaders
 def test_gpu_check_script_runs_its_cpu_parts(tmp_path):
     """``benchmarks/gpu_check.py`` as a GPU machine runs it; here, without CUDA, its CPU parts
     pass and every GPU step is reported skipped."""
