@@ -20,7 +20,7 @@ from .fast.loader import FastLoader
 from .fast.options import IMAGE_KEYS, default_workers
 from .tariterators import tarfile_samples
 
-__all__ = ["BUSY_MACHINE", "cores_for", "find_fields", "report", "scaling", "worker_counts"]
+__all__ = ["BUSY_MACHINE", "busy_counts", "cores_for", "find_fields", "report", "scaling", "worker_counts"]
 
 BUSY_MACHINE = 0.5  # cores of other load during a window above which its figures are unreliable
 
@@ -84,6 +84,12 @@ def cores_for(rate, rows):
     return math.ceil(rate * workers / result.images_per_s)
 
 
+def busy_counts(rows):
+    """The worker counts whose window other processes loaded by more than ``BUSY_MACHINE`` cores."""
+    return [workers for workers, result in rows
+            if not isinstance(result, Exception) and result.other_cores > BUSY_MACHINE]
+
+
 def report(rows, rate):
     """The scaling table, the largest count's stages and bottleneck, the cores ``rate`` needs,
     and a warning where other load made windows unreliable: text for the terminal."""
@@ -103,7 +109,7 @@ def report(rows, rate):
         needed = cores_for(rate, rows)
         lines.append(f"To feed {rate:,.0f} images/s at this rate per worker: about {needed} cores for the loader "
                      f"(this machine has {os.cpu_count()})")
-    busy = [workers for workers, result in measured if result.other_cores > BUSY_MACHINE]
+    busy = busy_counts(rows)
     if busy:
         lines += ["", f"WARNING: other processes kept the CPU busy while measuring (more than {BUSY_MACHINE} cores "
                       f"of other load at worker counts {', '.join(map(str, busy))}): these figures are not "

@@ -151,8 +151,7 @@ def _run_scaling(args):
     if args.json:
         print_json({"command": command, "shards": len(urls), "image": args.image, "label": args.label,
                     "rate": args.rate, "cores_for_rate": shardbench.cores_for(args.rate, rows),
-                    "busy_machine": any(not isinstance(r, Exception) and r.other_cores > shardbench.BUSY_MACHINE
-                                        for _, r in rows),
+                    "busy_machine": bool(shardbench.busy_counts(rows)),
                     "runs": [{"workers": workers, **({"error": f"{type(r).__name__}: {r}"} if isinstance(r, Exception)
                                                      else dict(asdict(r), series=None))} for workers, r in rows]})
     else:

@@ -41,7 +41,6 @@ NOTE [pinned transfer]
 """
 
 import collections
-import ctypes
 import os
 import warnings
 from time import perf_counter_ns
@@ -54,15 +53,8 @@ __all__ = ["CudaLoader", "rank_device_warning", "to_model_input"]
 def _clear_cuda_error(torch):
     """Reset the calling thread's last CUDA runtime error after a failed runtime call made
     outside torch (``cudaHostRegister``), so that torch's next launch check does not report it
-    against an unrelated kernel. Through the loaded libcudart where it has its own soname;
-    otherwise (cudart linked statically into torch) a tiny kernel, whose launch check reads the
-    error and clears it."""
-    major = (torch.version.cuda or "").split(".")[0]
-    try:
-        ctypes.CDLL(f"libcudart.so.{major}", mode=os.RTLD_NOLOAD | os.RTLD_LAZY).cudaGetLastError()
-        return
-    except (OSError, AttributeError):
-        pass
+    against an unrelated kernel: a one-element kernel, whose launch check reads the stale error
+    (raising it here, where it is expected) and so clears it, however cudart is linked."""
     try:
         torch.ones(1, device=torch.cuda.current_device())
     except RuntimeError:
@@ -276,7 +268,6 @@ class CudaLoader:
                         break
                     start = perf_counter_ns()
                     inflight.append(self._start(epoch, message, staging, issued % len(staging or [0])))
-                    self._release_done(epoch, inflight, stats)
                     stats.add_transfer(perf_counter_ns() - start)
                     issued += 1
                 if not inflight:
@@ -335,7 +326,7 @@ class CudaLoader:
             with torch.cuda.nvtx.range("wdsmp.h2d"):
                 sources = _tensors(cpu)
                 if staging is not None:
-                    sources = self._stage(staging, index, sources)
+                    sources = _stage(staging[index], sources)
                 started.record()
                 moved = [t.to(self.device, non_blocking=True) for t in sources]
                 copied.record()
@@ -345,26 +336,22 @@ class CudaLoader:
                 ready.record()
         entry = _InFlight(message, _rebuild(cpu, moved), started, copied, ready)
         if staging is not None:  # the slot's bytes are in the staging buffers now
-            staging[index] = (copied, staging[index][1])
+            staging[index] = (copied, sources)
             entry.released = True
             epoch.release(message)
         return entry
 
-    @staticmethod
-    def _stage(staging, index, tensors):
-        """Copy ``tensors`` into the pinned staging buffers ``index`` (made or remade to fit),
-        once the copy that last read them is done."""
-        import torch
 
-        previous = staging[index]
-        if previous is not None and [b.shape for b in previous[1]] == [t.shape for t in tensors]:
-            if previous[0] is not None:
-                previous[0].synchronize()
-            buffers = [b.copy_(t) for b, t in zip(previous[1], tensors)]
-        else:
-            buffers = [torch.empty_like(t, pin_memory=True).copy_(t) for t in tensors]
-        staging[index] = (None, buffers)
-        return buffers
+def _stage(previous, tensors):
+    """``tensors`` copied into pinned staging buffers: those of ``previous`` (``(the event of
+    the copy that last read them, buffers)``, or None), once that copy is done, where they fit;
+    else new ones."""
+    import torch
+
+    if previous is not None and [b.shape for b in previous[1]] == [t.shape for t in tensors]:
+        previous[0].synchronize()
+        return [b.copy_(t) for b, t in zip(previous[1], tensors)]
+    return [torch.empty_like(t, pin_memory=True).copy_(t) for t in tensors]
 
 
 def _channel_values(values, name):
