@@ -11,11 +11,49 @@ torch (NOTE [worker processes] in ``wdsmp/fast/pool.py``).
 """
 
 from importlib import import_module as _import_module
+from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any, List as _List
 
 # ``wdsmp.gopen`` is a function and a submodule of that name: imported here, the function is what
 # the package holds, as the import system sets the module as the package's attribute only at its
 # first import (light: no torch).
 from .gopen import gopen
+
+if _TYPE_CHECKING:  # the names' types, for type checkers; at run time __getattr__ imports them on first use
+    from . import tenbin, utils
+    from .aswebdataset import install_as_webdataset
+    from .autodecode import (
+        Continue, Decoder, DecodingError, gzfilter, handle_extension, imagehandler, pytorch_weights_only, torch_audio,
+        torch_loads, torch_video,
+    )
+    from .cache import LRUCleanup, cached_tarfile_samples, cached_tarfile_to_samples, cached_url_opener, pipe_cleaner
+    from .cbors import cbors2_to_samples, cbors_samples, cbors_to_samples, msgpack_samples, msgpack_to_samples
+    from .compat import FluidInterface, FluidWrapper, Processor, WebDataset, WebLoader
+    from .dbcache import DBCache
+    from .errors import (
+        DecodeError, MissingFieldError, PipeError, SampleError, SecureModeError, ShardError, ShardNotFoundError,
+        TarFormatError, WdsmpError, WorkerError,
+    )
+    from .exact import ExactSamples
+    from .extradatasets import MockDataset, with_epoch, with_length
+    from .fast.loader import Batch, FastLoader
+    from .filters import (
+        Cached, LMDBCached, associate, batched, decode, detshuffle, extract_keys, getfirst, info, map, map_dict,
+        map_tuple, pipelinefilter, rename, rename_keys, rsample, select, shuffle, slice, to_tuple, transform_with,
+        unbatched, xdecode,
+    )
+    from .gopen import gopen_schemes, reader, register_scheme
+    from .handlers import ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue, warn_and_stop
+    from .mix import RandomMix, RoundRobin
+    from .native import native_available
+    from .pipeline import DataPipeline
+    from .shardlists import (
+        MultiShardSample, ResampledShards, SimpleShardList, non_empty, resampled, shardspec, single_node_only,
+        split_by_node, split_by_worker,
+    )
+    from .specs import SpecError, load_spec, spec_dataset
+    from .tariterators import group_by_keys, tarfile_samples, tarfile_to_samples, url_opener
+    from .utils import PipelineStage, pytorch_worker_info, pytorch_worker_seed, repeatedly
+    from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
 
 # Where each public name lives; ``wdsmp.<name>`` imports its module on first use (see __getattr__).
 _PUBLIC = {
@@ -177,7 +215,7 @@ _ORIGIN = {name: module for module, names in _PUBLIC.items() for name in names}
 _SUBMODULES = {module.partition(".")[0] for module in _PUBLIC} | {"pytorch"}
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> _Any:
     """A public name (or a submodule) of wdsmp, imported on first use and kept."""
     module = _ORIGIN.get(name)
     if module is not None:
@@ -195,5 +233,5 @@ def __getattr__(name):
     return value
 
 
-def __dir__():
+def __dir__() -> _List[str]:
     return sorted(set(globals()) | set(__all__) | _SUBMODULES)

@@ -3,7 +3,7 @@
 import os
 import random
 from dataclasses import dataclass, field
-from typing import List
+from typing import Any, Dict, List, Union
 
 from torch.utils.data import IterableDataset
 
@@ -115,14 +115,14 @@ class MultiShardSample(IterableDataset):
     Unlike webdataset, constructing one needs no ``ALLOW_OBSOLETE=1``.
     """
 
-    def __init__(self, fname, seed=None):
+    def __init__(self, fname: Union[str, "os.PathLike[str]", Dict[str, Any]], seed: Any = None) -> None:
         super().__init__()
         self.seed = seed
         self.epoch = -1
         self.rng = default_rng if seed is None else random.Random(seed)
         self.parse_spec(fname)
 
-    def parse_spec(self, fname):
+    def parse_spec(self, fname: Union[str, "os.PathLike[str]", Dict[str, Any]]) -> None:
         """Read the spec (a YAML file name or a dict) into ``self.sources``."""
         if isinstance(fname, dict):
             spec, origin = fname, "MultiShardSample spec"
@@ -149,15 +149,15 @@ class MultiShardSample(IterableDataset):
         prefix = expand(prefix)
         self.sources = [_parse_dataset(ds, i, spec, prefix, origin) for i, ds in enumerate(datasets)]
 
-    def set_epoch(self, seed):
+    def set_epoch(self, seed: int) -> None:
         """Reseed, so that every process that sets the epoch ``seed`` (webdataset's name for it)
         draws the same shards."""
         self.epoch = seed
         self.rng = random.Random(seed if self.seed is None else make_seed(self.seed, seed))
 
-    def get_shards_for_epoch(self):
+    def get_shards_for_epoch(self) -> List[str]:
         """One epoch's URLs: each dataset's share, shuffled together."""
-        result = []
+        result: List[str] = []
         for source in self.sources:
             if source.resample > 0:
                 result += self.rng.choices(source.urls, k=source.resample)

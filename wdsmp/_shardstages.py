@@ -8,12 +8,15 @@ stages without calling them, as in webdataset:
 import random
 import sys
 import warnings
+from typing import Any, Iterable, Iterator, TypeVar
 
 from ._stages import pipelinefilter
 from .validation import non_negative_int
 from ._workerinfo import pytorch_worker_info
 
 __all__ = ["non_empty", "resampled", "resampled_", "single_node_only", "split_by_node", "split_by_worker"]
+
+_T = TypeVar("_T")
 
 
 def _split(src, index, count, what):
@@ -32,13 +35,13 @@ def _split(src, index, count, what):
                       f"{total} shards for {count} {what}s", UserWarning, stacklevel=2)
 
 
-def split_by_node(src, group=None):
+def split_by_node(src: Iterable[_T], group: Any = None) -> Iterator[_T]:
     """This node's share of the shards: every ``world_size``-th one from ``rank``."""
     rank, world_size, _, _ = pytorch_worker_info(group=group)
     yield from _split(src, rank, world_size, "node")
 
 
-def split_by_worker(src):
+def split_by_worker(src: Iterable[_T]) -> Iterator[_T]:
     """This DataLoader worker's share of the shards: every ``num_workers``-th from ``worker``.
 
     Shards are streamed, never collected, so it works on endless resampled
@@ -48,7 +51,7 @@ def split_by_worker(src):
     yield from _split(src, worker, num_workers, "worker")
 
 
-def single_node_only(src, group=None):
+def single_node_only(src: Iterable[_T], group: Any = None) -> Iterator[_T]:
     """Pass shards through, refusing to run on several nodes (each would see every shard)."""
     _, world_size, _, _ = pytorch_worker_info(group=group)
     if world_size > 1:
@@ -57,7 +60,7 @@ def single_node_only(src, group=None):
     yield from src
 
 
-def non_empty(src):
+def non_empty(src: Iterable[_T]) -> Iterator[_T]:
     """Pass items through; raise if none came, rather than train on nothing."""
     count = 0
     for item in src:
@@ -67,7 +70,7 @@ def non_empty(src):
         raise ValueError("non_empty: no shards (or samples) reached this pipeline stage")
 
 
-def resampled_(src, n=sys.maxsize, seed=None):
+def resampled_(src: Iterable[_T], n: int = sys.maxsize, seed: Any = None) -> Iterator[_T]:
     """``n`` items drawn with replacement from everything ``src`` yields (all of it is read first).
 
     ``seed=None`` draws from OS entropy, as webdataset does; give a seed for

@@ -17,6 +17,8 @@ wanted field and the fields the sample does have, where webdataset would
 silently produce a wrong sample or a bare KeyError.
 """
 
+from typing import Any, Callable
+
 from .errors import MissingFieldError, SampleError, WdsmpError
 
 __all__ = [
@@ -36,12 +38,12 @@ __all__ = [
 class Curried:
     """``f`` with every argument but the upstream iterator bound; picklable."""
 
-    def __init__(self, f, *args, **kw):
+    def __init__(self, f: Callable[..., Any], *args: Any, **kw: Any) -> None:
         self.f = f
         self.args = args
         self.kw = kw
 
-    def __call__(self, data):
+    def __call__(self, data: Any) -> Any:
         return self.f(data, *self.args, **self.kw)
 
     def __repr__(self):
@@ -54,19 +56,19 @@ FilterFunction = Curried  # webdataset's name for it
 class RestCurried:
     """What ``pipelinefilter`` returns: call it with a stage's arguments."""
 
-    def __init__(self, f):
+    def __init__(self, f: Callable[..., Any]) -> None:
         self.f = f
         self.__name__ = getattr(f, "__name__", "stage").lstrip("_")
         self.__doc__ = f.__doc__
 
-    def __call__(self, *args, **kw):
+    def __call__(self, *args: Any, **kw: Any) -> Curried:
         return Curried(self.f, *args, **kw)
 
     def __repr__(self):
         return f"<stage {self.__name__}>"
 
 
-def pipelinefilter(f):
+def pipelinefilter(f: Callable[..., Any]) -> RestCurried:
     """Turn ``f(data, *args, **kw)`` into a stage constructor ``stage(*args, **kw)``."""
     return RestCurried(f)
 

@@ -6,6 +6,7 @@ samplers all ask it, so they always agree.
 """
 
 import sys
+from typing import Any, Tuple
 
 from . import _env
 
@@ -34,7 +35,7 @@ def _dataloader_worker():
     return info.id, info.num_workers
 
 
-def pytorch_worker_info(group=None):
+def pytorch_worker_info(group: Any = None) -> Tuple[int, int, int, int]:
     """``(rank, world_size, worker, num_workers)`` of the calling process.
 
     Node: torch.distributed when initialised, else ``RANK``/``WORLD_SIZE``
@@ -47,7 +48,7 @@ def pytorch_worker_info(group=None):
     return node[0], node[1], worker[0], worker[1]
 
 
-def pytorch_worker_seed(group=None):
+def pytorch_worker_seed(group: Any = None) -> int:
     """A seed distinct per node and worker, and the same on every run (webdataset's formula)."""
     rank, _, worker, _ = pytorch_worker_info(group=group)
     return rank * 1000 + worker

@@ -33,7 +33,7 @@ WEBDATASET_MODULES = ("autodecode", "cache", "compat", "extradatasets", "filters
                       "pipeline", "pytorch", "shardlists", "tariterators", "tenbin", "utils", "writer")
 
 
-def install_as_webdataset():
+def install_as_webdataset() -> None:
     """Make ``import webdataset`` (and its submodules) give wdsmp in this process from now on
     (NOTE [webdataset alias]). Idempotent. Call it at the top level of the training script,
     before the libraries that use webdataset are imported::

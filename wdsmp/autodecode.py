@@ -47,6 +47,7 @@ import pickle
 import tempfile
 import zlib
 from collections.abc import Mapping
+from typing import Any, Callable, Dict, Iterable, Optional, Union
 
 import numpy as np
 
@@ -96,6 +97,9 @@ IMAGE_EXTENSIONS = sorted("""
     bw rgb rgba sgi ras tga icb vda vst wmf emf xbm xpm
 """.split())
 
+# A handler: ``handler(".ext", data)`` -> the decoded value, None ("not mine") or a Continue.
+_Handler = Callable[[str, Any], Any]
+
 # Kept for code that reads webdataset's flag: wdsmp always loads ``.pth``
 # weights-only unless the Decoder is unsafe (NOTE [unsafe decoders]).
 pytorch_weights_only = True
@@ -116,7 +120,7 @@ def _utf8(data):
     return data.decode("utf-8")
 
 
-def torch_loads(data, weights_only=True):
+def torch_loads(data: bytes, weights_only: bool = True) -> Any:
     """``torch.load`` of bytes onto the CPU; weights-only unless asked otherwise.
 
     Refused when ``WDS_SECURE=1`` (NOTE [unsafe decoders]).
@@ -265,7 +269,7 @@ class _ExtensionHandler:
         return f"handle_extension({' '.join(sorted(self.exact))!r}, {self.f!r})"
 
 
-def handle_extension(extensions, f):
+def handle_extension(extensions: Union[str, Iterable[str]], f: Callable[[Any], Any]) -> _Handler:
     """A handler calling ``f(data)`` for fields ending with one of ``extensions``.
 
     ``extensions`` is a space-separated string (or a list); a multi-part
@@ -308,7 +312,8 @@ class ImageHandler:
     (default: ``imagesize.image_pixel_budget()``) is refused before it is decoded.
     """
 
-    def __init__(self, imagespec, extensions=IMAGE_EXTENSIONS, max_pixels=None):
+    def __init__(self, imagespec: str, extensions: Union[str, Iterable[str]] = IMAGE_EXTENSIONS,
+                 max_pixels: Optional[int] = None) -> None:
         spec = imagespec.lower() if isinstance(imagespec, str) else imagespec
         if spec not in imagespecs:
             raise ValueError(f"unknown image spec {imagespec!r}; known: {', '.join(imagespecs)}")
@@ -320,7 +325,7 @@ class ImageHandler:
         self.max_pixels = max_pixels
         image_pixel_budget(max_pixels)  # a bad value fails here, not at the first image
 
-    def __call__(self, key, data):
+    def __call__(self, key: str, data: bytes) -> Any:
         if key.rpartition(".")[2].lower() not in self.extensions:
             return None
         return decode_image(data, *self._spec, image_pixel_budget(self.max_pixels))
@@ -329,7 +334,8 @@ class ImageHandler:
         return f"ImageHandler({self.imagespec!r})"
 
 
-def imagehandler(imagespec, extensions=IMAGE_EXTENSIONS, max_pixels=None):
+def imagehandler(imagespec: str, extensions: Union[str, Iterable[str]] = IMAGE_EXTENSIONS,
+                 max_pixels: Optional[int] = None) -> ImageHandler:
     """An :class:`ImageHandler` (webdataset's lowercase spelling)."""
     return ImageHandler(imagespec, extensions, max_pixels)
 
@@ -359,12 +365,12 @@ def _read_with(key, data, extensions, module, reader, **kw):
         return read(path, **kw)
 
 
-def torch_video(key, data):
+def torch_video(key: str, data: bytes) -> Any:
     """Video fields (mp4, avi, webm, ...) through ``torchvision.io.read_video``."""
     return _read_with(key, data, _VIDEO_EXTENSIONS, "torchvision.io", "read_video", pts_unit="sec")
 
 
-def torch_audio(key, data):
+def torch_audio(key: str, data: bytes) -> Any:
     """Audio fields (flac, mp3, wav, ...) through ``torchaudio.load``."""
     return _read_with(key, data, _AUDIO_EXTENSIONS, "torchaudio", "load")
 
@@ -382,7 +388,7 @@ class Continue:
     as :func:`gzfilter` does with ``x.txt.gz`` -> ``x.txt``.
     """
 
-    def __init__(self, key, data):
+    def __init__(self, key: str, data: Any) -> None:
         self.key, self.data = key, data
 
 
@@ -413,11 +419,11 @@ class GzipFilter:
     would expand past ``max_size`` bytes (default: ``WDSMP_MAX_MEMBER_SIZE``, else 1 GiB) is
     refused (see :func:`gunzip`)."""
 
-    def __init__(self, max_size=None):
+    def __init__(self, max_size: Optional[int] = None) -> None:
         self.max_size = max_size
         member_size_limit(max_size, "max_field_size")  # a bad value fails here
 
-    def __call__(self, key, data):
+    def __call__(self, key: str, data: bytes) -> Optional[Continue]:
         if key[-3:].lower() != ".gz":
             return None
         return Continue(key[:-3], gunzip(data, member_size_limit(self.max_size, "max_field_size")))
@@ -445,7 +451,8 @@ class DecodingError(DecodeError):
     dropped when the error is pickled (it may be large, or not picklable).
     """
 
-    def __init__(self, url=None, key=None, k=None, sample=None, problem="cannot decode"):
+    def __init__(self, url: Optional[str] = None, key: Optional[str] = None, k: Optional[str] = None,
+                 sample: Optional[Mapping[str, Any]] = None, problem: str = "cannot decode") -> None:
         self.key, self.k, self.sample = key, k, sample
         member = k if key is None else key if k is None else f"{key}.{k}"
         super().__init__(problem, url=url, member=member)
@@ -491,8 +498,10 @@ class Decoder:
     (webdataset's older form) returns a DataPipeline of decoded samples.
     """
 
-    def __init__(self, *handlers, pre=None, post=None, only=None, partial=False, unsafe=False,
-                 max_field_size=None, max_image_pixels=None, **kw):
+    def __init__(self, *handlers: Any, pre: Optional[Iterable[_Handler]] = None,
+                 post: Optional[Iterable[_Handler]] = None, only: Optional[Union[str, Iterable[str]]] = None,
+                 partial: bool = False, unsafe: bool = False, max_field_size: Optional[int] = None,
+                 max_image_pixels: Optional[int] = None, **kw: Any) -> None:
         if "handlers" in kw:  # Decoder(handlers=[...]), webdataset's keyword
             if handlers:
                 raise TypeError("give Decoder handlers as arguments or as handlers=, not both")
@@ -504,7 +513,7 @@ class Decoder:
             if len(positional) > 4:
                 raise TypeError(f"Decoder(handlers, pre, post, only, partial) takes at most 5 "
                                 f"positional arguments, got {len(handlers)}")
-            handlers = handlers[0]
+            handlers = tuple(handlers[0])
             given = dict(zip(("pre", "post", "only", "partial"), positional))
             pre, post = given.get("pre", pre), given.get("post", post)
             only, partial = given.get("only", only), given.get("partial", partial)
@@ -518,7 +527,7 @@ class Decoder:
         self.partial = bool(partial)
         self.unsafe = bool(unsafe)
 
-    def decode1(self, key, data):
+    def decode1(self, key: str, data: Any) -> Any:
         """One field through the handlers; the bytes themselves if none takes it."""
         key = "." + key
         for f in self.handlers:
@@ -531,7 +540,7 @@ class Decoder:
             return result
         return data
 
-    def decode(self, sample):
+    def decode(self, sample: Mapping[str, Any]) -> Dict[str, Any]:
         """A new dict with the sample's fields decoded; errors name shard, key and field."""
         result = {}
         only, partial = self.only, self.partial
@@ -561,7 +570,7 @@ class Decoder:
                                         f"cannot decode: {detail}") from exn
         return result
 
-    def __call__(self, sample):
+    def __call__(self, sample: Any) -> Any:
         """Decode a sample (a dict), or wrap a dataset (an iterable of samples)."""
         if isinstance(sample, Mapping):
             return self.decode(sample)

@@ -44,6 +44,7 @@ import os
 import re
 import time
 import urllib.parse
+from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Union
 
 from . import _env
 from ._atomic import atomic_write
@@ -63,7 +64,7 @@ from ._cacheentry import (
 from .errors import ShardError, WdsmpError
 from ._stages import pipelinefilter
 from .gopen import gopen, local_path
-from .handlers import reraise_exception
+from .handlers import _Handler, reraise_exception
 from .tariterators import group_by_keys, tar_file_expander, tar_file_iterator, url_opener
 from .tarformat import BLOCK, GZIP_MAGIC, checksum_ok
 
@@ -100,6 +101,11 @@ class _Default:
 
 _DEFAULT = _Default()
 
+# What the stages open: shard URLs, as strings or ``{"url": ...}`` dicts.
+_URLItems = Iterable[Union[str, Mapping[str, Any]]]
+# A ``cache_dir`` argument: a directory, None (no cache), or the default one.
+_CacheDir = Union[str, "os.PathLike[str]", None, _Default]
+
 
 # Module-level defaults. webdataset computes them from WDS_CACHE, WDS_CACHE_SIZE and
 # WDS_VERBOSE_CACHE at import; wdsmp reads the environment in _env.py only, per call,
@@ -135,7 +141,7 @@ def islocal(url):
     return url == "-" or local_path(url) is not None
 
 
-def pipe_cleaner(spec):
+def pipe_cleaner(spec: str) -> str:
     """The storage URL inside a ``pipe:`` command (its first http(s)/hdfs/gs/ais/s3 word),
     else the command; any other spec unchanged."""
     if not spec.startswith("pipe:"):
@@ -243,19 +249,20 @@ def lru_cleanup(cache_dir, cache_size, keyfn=os.path.getmtime, verbose=False):
 class LRUCleanup:
     """:func:`lru_cleanup` at most once every ``interval`` seconds (webdataset's class)."""
 
-    def __init__(self, cache_dir=None, cache_size=int(1e12), keyfn=os.path.getmtime,
-                 verbose=False, interval=30):
+    def __init__(self, cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
+                 cache_size: Optional[float] = int(1e12), keyfn: Callable[[str], float] = os.path.getmtime,
+                 verbose: bool = False, interval: Optional[float] = 30) -> None:
         self.cache_dir = cache_dir
         self.cache_size = cache_size
         self.keyfn = keyfn
         self.verbose = verbose
         self.interval = interval
-        self.last_run = None  # time.monotonic() of the last run
+        self.last_run: Optional[float] = None  # time.monotonic() of the last run
 
-    def set_cache_dir(self, cache_dir):
+    def set_cache_dir(self, cache_dir: Optional[Union[str, "os.PathLike[str]"]]) -> None:
         self.cache_dir = cache_dir
 
-    def cleanup(self):
+    def cleanup(self) -> None:
         """Run :func:`lru_cleanup` unless it ran less than ``interval`` seconds ago."""
         if self.cache_dir is None:
             return
@@ -439,9 +446,11 @@ class StreamingOpen:
         return FileCache(None, handler=self.handler, verbose=self.verbose)(urls)
 
 
-def cached_url_opener(data, handler=reraise_exception, cache_size=-1, cache_dir=_DEFAULT,
-                      url_to_name=url_to_name, validator=check_tar_format, verbose=False,
-                      always=False, *, cache_name=None, lock_timeout=_DEFAULT_LOCK_TIMEOUT):
+def cached_url_opener(data: _URLItems, handler: _Handler = reraise_exception, cache_size: Optional[float] = -1,
+                      cache_dir: _CacheDir = _DEFAULT, url_to_name: Callable[[str], str] = url_to_name,
+                      validator: Optional[Callable[[str], Any]] = check_tar_format, verbose: bool = False,
+                      always: bool = False, *, cache_name: Optional[Callable[[str], str]] = None,
+                      lock_timeout: float = _DEFAULT_LOCK_TIMEOUT) -> Iterator[Dict[str, Any]]:
     """``url_opener`` through the shard cache; the arguments are :class:`FileCache`'s."""
     cache = FileCache(cache_dir, url_to_name=url_to_name, cache_name=cache_name, verbose=verbose,
                       validator=validator, handler=handler, cache_size=cache_size,
@@ -449,10 +458,14 @@ def cached_url_opener(data, handler=reraise_exception, cache_size=-1, cache_dir=
     yield from cache(data)
 
 
-def cached_tarfile_samples(src, handler=reraise_exception, cache_size=-1, cache_dir=_DEFAULT,
-                           verbose=False, url_to_name=url_to_name, always=False,
-                           select_files=None, rename_files=None, *, cache_name=None,
-                           validator=check_tar_format, lock_timeout=_DEFAULT_LOCK_TIMEOUT):
+def cached_tarfile_samples(src: _URLItems, handler: _Handler = reraise_exception, cache_size: Optional[float] = -1,
+                           cache_dir: _CacheDir = _DEFAULT, verbose: bool = False,
+                           url_to_name: Callable[[str], str] = url_to_name, always: bool = False,
+                           select_files: Optional[Callable[[str], Any]] = None,
+                           rename_files: Optional[Callable[[str], str]] = None, *,
+                           cache_name: Optional[Callable[[str], str]] = None,
+                           validator: Optional[Callable[[str], Any]] = check_tar_format,
+                           lock_timeout: float = _DEFAULT_LOCK_TIMEOUT) -> Iterator[Dict[str, Any]]:
     """``tarfile_samples`` through the shard cache: the same samples, fetched once.
     ``GOPEN_VERBOSE=1`` turns ``verbose`` on, as in webdataset."""
     verbose = verbose or _env.gopen_verbose()

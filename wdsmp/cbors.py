@@ -17,11 +17,12 @@ raise ``DecodeError`` naming the shard, the item's index and its byte offset;
 """
 
 import io
+from typing import Any, Iterable, Iterator, Mapping, Union
 
 from ._stages import handle_each
 from .errors import DecodeError
 from .filters import pipelinefilter
-from .handlers import reraise_exception
+from .handlers import _Handler, reraise_exception
 from .tariterators import url_opener
 
 __all__ = [
@@ -143,12 +144,13 @@ def msgpack_iterator(data, handler=reraise_exception):
     return _items_of_shards(data, _msgpack_items, handler)
 
 
-def cbors_samples(src, handler=reraise_exception):
+def cbors_samples(src: Iterable[Union[str, Mapping[str, Any]]], handler: _Handler = reraise_exception) -> Iterator[Any]:
     """Shard URLs (``{"url": ...}`` dicts or strings) of CBOR files to their items."""
     return cbor_iterator(url_opener(src, handler=handler), handler=handler)
 
 
-def msgpack_samples(src, handler=reraise_exception):
+def msgpack_samples(src: Iterable[Union[str, Mapping[str, Any]]],
+                    handler: _Handler = reraise_exception) -> Iterator[Any]:
     """Shard URLs (``{"url": ...}`` dicts or strings) of MsgPack files to their items."""
     return msgpack_iterator(url_opener(src, handler=handler), handler=handler)
 

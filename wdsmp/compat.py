@@ -9,6 +9,8 @@ workers and rebatched after the loader. ``Processor`` keeps the older
 ``wds.Processor(wds.map, f)(dataset)`` form working.
 """
 
+import os
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, TypeVar, Union, cast
 from urllib.parse import urlsplit
 
 from torch.utils.data import DataLoader, IterableDataset
@@ -16,12 +18,17 @@ from torch.utils.data import DataLoader, IterableDataset
 from . import _env, filters, shardlists
 from .autodecode import Decoder
 from .exact import ExactSamples
-from .handlers import reraise_exception
+from .handlers import _Handler, reraise_exception
 from .pipeline import DataPipeline
 from .tariterators import group_by_keys, tar_file_expander, url_opener
-from .utils import pytorch_worker_info
+from .utils import PipelineStage, pytorch_worker_info
 
 __all__ = ["FluidInterface", "FluidWrapper", "Processor", "WebDataset", "WebLoader", "check_empty"]
+
+_T = TypeVar("_T")
+_F = TypeVar("_F", bound="FluidInterface")  # what a chaining method returns: a copy of the same class
+# A Decoder's handler: ``handler(".ext", data)`` -> the decoded value, or None for "not mine".
+_DecoderHandler = Callable[[str, Any], Any]
 
 
 class FluidInterface:
@@ -30,38 +37,41 @@ class FluidInterface:
     Each returns ``self.compose(stage)``: a copy with the stage appended.
     """
 
-    def batched(self, batchsize, collation_fn=filters.default_collation_fn, partial=True):
+    def batched(self: _F, batchsize: int,
+                collation_fn: Optional[Callable[[List[Any]], Any]] = filters.default_collation_fn,
+                partial: bool = True) -> _F:
         """Group items into batches of ``batchsize``, collated by ``collation_fn``."""
         return self.compose(filters.batched(batchsize, collation_fn=collation_fn, partial=partial))
 
-    def unbatched(self):
+    def unbatched(self: _F) -> _F:
         """Split batches back into items."""
         return self.compose(filters.unbatched())
 
-    def listed(self, batchsize, partial=True):
+    def listed(self: _F, batchsize: int, partial: bool = True) -> _F:
         """Group items into lists of ``batchsize`` without collating them."""
         return self.compose(filters.batched(batchsize, collation_fn=None, partial=partial))
 
-    def unlisted(self):
+    def unlisted(self: _F) -> _F:
         """Split lists back into items."""
         return self.compose(filters.unlisted())
 
-    def log_keys(self, logfile=None):
+    def log_keys(self: _F, logfile: Optional[Union[str, "os.PathLike[str]"]] = None) -> _F:
         """Append each sample's key to ``logfile``."""
         return self.compose(filters.log_keys(logfile))
 
-    def shuffle(self, size, **kw):
+    def shuffle(self: _F, size: int, **kw: Any) -> _F:
         """Shuffle items through a buffer of ``size``; a size below 1 is no shuffle."""
         if size < 1:
             return self
         return self.compose(filters.shuffle(size, **kw))
 
-    def map(self, f, handler=reraise_exception):
+    def map(self: _F, f: Callable[[Any], Any], handler: _Handler = reraise_exception) -> _F:
         """Replace each sample by ``f(sample)``."""
         return self.compose(filters.map(f, handler=handler))
 
-    def decode(self, *args, pre=None, post=None, only=None, partial=False, handler=reraise_exception,
-               **kw):
+    def decode(self: _F, *args: Union[str, _DecoderHandler], pre: Optional[Iterable[_DecoderHandler]] = None,
+               post: Optional[Iterable[_DecoderHandler]] = None, only: Optional[Union[str, Iterable[str]]] = None,
+               partial: bool = False, handler: _Handler = reraise_exception, **kw: Any) -> _F:
         """Decode fields by extension; strings are image specs ("rgb", "pil", "torchrgb", ...).
         Each decoded sample keeps its source's ``__key__``, as after ``map``."""
         # built once here so that a bad spec or keyword fails now, as in webdataset
@@ -69,68 +79,68 @@ class FluidInterface:
         return self.compose(filters.decode(*args, pre=pre, post=post, only=only, partial=partial,
                                            handler=handler, keep_key=True, **kw))
 
-    def map_dict(self, handler=reraise_exception, **kw):
+    def map_dict(self: _F, handler: _Handler = reraise_exception, **kw: Callable[[Any], Any]) -> _F:
         """Apply ``kw[field]`` to each named field."""
         return self.compose(filters.map_dict(handler=handler, **kw))
 
-    def select(self, predicate, **kw):
+    def select(self: _F, predicate: Callable[[Any], Any], **kw: Any) -> _F:
         """Keep the samples for which ``predicate(sample)`` is true."""
         return self.compose(filters.select(predicate, **kw))
 
-    def to_tuple(self, *args, **kw):
+    def to_tuple(self: _F, *args: Union[str, Sequence[str]], **kw: Any) -> _F:
         """Turn samples into tuples of the named fields ("jpg;png" takes the first present)."""
         return self.compose(filters.to_tuple(*args, **kw))
 
-    def map_tuple(self, *args, handler=reraise_exception):
+    def map_tuple(self: _F, *args: Optional[Callable[[Any], Any]], handler: _Handler = reraise_exception) -> _F:
         """Apply the i-th function to the i-th element of each tuple (None leaves it)."""
         return self.compose(filters.map_tuple(*args, handler=handler))
 
-    def slice(self, *args):
+    def slice(self: _F, *args: Optional[int]) -> _F:
         """Items ``itertools.islice(items, *args)``."""
         return self.compose(filters.slice(*args))
 
-    def rename(self, **kw):
+    def rename(self: _F, **kw: Any) -> _F:
         """Rename fields: ``rename(new="old1;old2")``."""
         return self.compose(filters.rename(**kw))
 
-    def rsample(self, p=0.5):
+    def rsample(self: _F, p: float = 0.5) -> _F:
         """Keep each item with probability ``p``."""
         return self.compose(filters.rsample(p))
 
-    def rename_keys(self, *args, **kw):
+    def rename_keys(self: _F, *args: Sequence[str], **kw: Any) -> _F:
         """Rename fields by glob patterns."""
         return self.compose(filters.rename_keys(*args, **kw))
 
-    def extract_keys(self, *args, **kw):
+    def extract_keys(self: _F, *args: Union[str, Sequence[str]], **kw: Any) -> _F:
         """Turn samples into tuples of the fields matching the given patterns."""
         return self.compose(filters.extract_keys(*args, **kw))
 
-    def xdecode(self, *args, **kw):
+    def xdecode(self: _F, *args: Sequence[Any], **kw: Any) -> _F:
         """Decode fields with decoders chosen by extension pattern."""
         return self.compose(filters.xdecode(*args, **kw))
 
-    def mcached(self):
+    def mcached(self: _F) -> _F:
         """Keep the samples of the first complete pass in memory and replay them afterwards."""
         return self.compose(filters.Cached())
 
-    def lmdb_cached(self, *args, **kw):
+    def lmdb_cached(self: _F, *args: Any, **kw: Any) -> _F:
         """Keep the samples of the first complete pass in an LMDB database (``filters.LMDBCached``)."""
         return self.compose(filters.LMDBCached(*args, **kw))
 
-    def compose(self, *args, **kw):
+    def compose(self, *args: Any, **kw: Any) -> Any:
         """A copy with stages appended, or ``cls(self, *args)`` for a class (the older form).
 
         ``dataset.compose(get_patches)`` appends an iterator -> iterator
         function; ``dataset.compose(wds.DBCache, "cache.db", 1000)`` wraps the
         dataset in a new one, which keeps the chaining methods.
         """
-        result = super().compose(*args, **kw)
+        result = cast(Any, super()).compose(*args, **kw)  # a mixin: DataPipeline.compose
         if isinstance(result, FluidInterface):
             return result
         return FluidWrapper(result)
 
 
-def check_empty(source):
+def check_empty(source: Iterable[_T]) -> Iterator[_T]:
     """Pass samples through; raise, naming the worker, if none came.
 
     With fewer shards than DataLoader workers, some workers get no shard at
@@ -175,11 +185,17 @@ class WebDataset(FluidInterface, DataPipeline):
     an error rather than a silently smaller epoch.
     """
 
-    def __init__(self, urls, handler=reraise_exception, mode=None, resampled=False, repeat=False,
-                 shardshuffle=None, cache_size=-1, cache_dir=None, url_to_name=None,
-                 detshuffle=False, nodesplitter=shardlists.single_node_only,
-                 workersplitter=shardlists.split_by_worker, select_files=None, rename_files=None,
-                 empty_check=True, verbose=False, seed=None, cache_name=None):
+    def __init__(self, urls: Union[str, "os.PathLike[str]", Dict[str, Any], Iterable[Any]],
+                 handler: _Handler = reraise_exception, mode: Optional[str] = None, resampled: bool = False,
+                 repeat: bool = False, shardshuffle: Optional[Union[bool, int]] = None,
+                 cache_size: Optional[float] = -1, cache_dir: Optional[Union[str, "os.PathLike[str]"]] = None,
+                 url_to_name: Optional[Callable[[str], str]] = None, detshuffle: bool = False,
+                 nodesplitter: Optional[Union[Callable[..., Any], PipelineStage]] = shardlists.single_node_only,
+                 workersplitter: Optional[Union[Callable[..., Any], PipelineStage]] = shardlists.split_by_worker,
+                 select_files: Optional[Callable[[str], Any]] = None,
+                 rename_files: Optional[Callable[[str], str]] = None, empty_check: bool = True,
+                 verbose: bool = False, seed: Any = None,
+                 cache_name: Optional[Callable[[str], str]] = None) -> None:
         super().__init__()
         resampled = resampled or mode == "resampled"
         if shardshuffle is True:
@@ -188,8 +204,8 @@ class WebDataset(FluidInterface, DataPipeline):
             self.append(urls)
         elif _is_spec(urls):  # a spec mixes whole sample pipelines, one per collection
             from . import specs
-            self.append(specs.spec_dataset(urls, seed=seed or 0, resampled=resampled,
-                                           handler=handler))
+            spec = cast(Union[str, Dict[str, Any]], urls)  # what _is_spec said yes to
+            self.append(specs.spec_dataset(spec, seed=seed or 0, resampled=resampled, handler=handler))
         else:
             self._add_shard_stages(urls, resampled, shardshuffle, detshuffle, seed,
                                    nodesplitter, workersplitter)
@@ -239,17 +255,17 @@ class WebDataset(FluidInterface, DataPipeline):
             kw["cache_name"] = cache_name
         return filters.pipelinefilter(cache.cached_url_opener)(**kw)
 
-    def __enter__(self):
+    def __enter__(self: _F) -> _F:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: Any) -> None:
         self.close()
 
 
 class FluidWrapper(FluidInterface, DataPipeline):
     """Any iterable made chainable: ``FluidWrapper(dataset).map(f).batched(8)``."""
 
-    def __init__(self, initial):
+    def __init__(self, initial: Any) -> None:
         super().__init__()
         self.append(initial)
 
@@ -257,7 +273,7 @@ class FluidWrapper(FluidInterface, DataPipeline):
 class WebLoader(FluidInterface, DataPipeline):
     """A ``DataLoader`` (same arguments) with the chaining methods and ``with_epoch``."""
 
-    def __init__(self, *args, **kw):
+    def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__()
         self.append(DataLoader(*args, **kw))
 
@@ -269,8 +285,8 @@ class Processor:
     curried stages of ``wdsmp.filters`` do.
     """
 
-    def __init__(self, stage, *args, **kw):
+    def __init__(self, stage: Callable[..., Any], *args: Any, **kw: Any) -> None:
         self.stage = stage(*args, **kw)
 
-    def __call__(self, dataset):
+    def __call__(self, dataset: Any) -> "FluidWrapper":
         return FluidWrapper(dataset).compose(self.stage)

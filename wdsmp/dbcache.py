@@ -41,6 +41,7 @@ import os
 import sqlite3
 import sys
 import warnings
+from typing import Any, Iterable, Optional, Union
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -74,8 +75,8 @@ class DBCache(IterableDataset):
     long, in seconds, an insert waits for another process's write to finish.
     """
 
-    def __init__(self, dataset, fname, size, verbose=True, key="__key__", shuffle=False,
-                 timeout=60.0):
+    def __init__(self, dataset: Iterable[Any], fname: Optional[Union[str, "os.PathLike[str]"]], size: int,
+                 verbose: bool = True, key: str = "__key__", shuffle: bool = False, timeout: float = 60.0) -> None:
         super().__init__()
         if fname is not None and not is_int(size, 1):
             raise ValueError(f"size must be a positive number of samples, not {size!r}")

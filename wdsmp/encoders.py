@@ -19,6 +19,7 @@ import io
 import json
 import pickle
 import zipfile
+from typing import Any
 
 import numpy as np
 
@@ -120,7 +121,7 @@ def bytestr(data):
     return str(data).encode("ascii")
 
 
-def torch_dumps(data):
+def torch_dumps(data: Any) -> bytes:
     """``torch.save`` into bytes; torch is imported only when a ``.pth`` field is written."""
     import torch
 
@@ -141,7 +142,7 @@ def _encode_json(data):
     return json.dumps(data).encode("utf-8")
 
 
-def numpy_dumps(data):
+def numpy_dumps(data: Any) -> bytes:
     """An array in ``.npy`` format; object arrays are refused (readers load without pickle)."""
     stream = io.BytesIO()
     np.save(stream, np.asanyarray(data), allow_pickle=False)

@@ -16,6 +16,7 @@ their passwords masked (``_redact.py``); the ``url`` attribute keeps the URL as 
 """
 
 import tarfile
+from typing import Any, Optional, cast
 
 from ._redact import redacted
 
@@ -50,12 +51,14 @@ class WdsmpError(Exception):
 class _Located:
     """Mixin: an error with a shard URL, a member name and a byte offset."""
 
-    def __init__(self, problem, url=None, member=None, offset=None):
+    def __init__(self, problem: str, url: Optional[str] = None, member: Optional[str] = None,
+                 offset: Optional[int] = None) -> None:
         self.problem = problem
         self.url = url
         self.member = member
         self.offset = offset
-        super().__init__(f"{redacted(problem)} ({_where(url, member, offset)})")
+        # a mixin: the exception class after it in the MRO takes the message
+        cast(Any, super()).__init__(f"{redacted(problem)} ({_where(url, member, offset)})")
 
     # The message as it was given: KeyError, a base of MissingFieldError, would quote it.
     __str__ = BaseException.__str__
@@ -102,7 +105,7 @@ class WorkerError(WdsmpError, RuntimeError):
 class PipeError(WdsmpError, OSError):
     """A ``pipe:`` command exited with a non-zero status."""
 
-    def __init__(self, command, status, stderr=""):
+    def __init__(self, command: str, status: int, stderr: str = "") -> None:
         self.command = command
         self.status = status
         self.stderr = stderr

@@ -8,6 +8,7 @@ dataset never stored); these do what their documentation there says.
 """
 
 import os
+from typing import Any, Iterable, Iterator, TypeVar
 
 from torch.utils.data import IterableDataset
 
@@ -16,6 +17,8 @@ from .validation import non_negative_int
 from .utils import PipelineStage
 
 __all__ = ["MockDataset", "repeatedly", "with_epoch", "with_length"]
+
+_T = TypeVar("_T")
 
 
 def _check_length(length, what):
@@ -29,13 +32,13 @@ class MockDataset(IterableDataset):
     all ``length`` samples, and torch would warn about the excess.
     """
 
-    def __init__(self, sample, length):
+    def __init__(self, sample: Any, length: int) -> None:
         super().__init__()
         _check_length(length, "MockDataset length")
         self.sample = sample
         self.length = length
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         for _ in range(self.length):
             yield self.sample
 
@@ -86,7 +89,7 @@ class with_epoch(IterableDataset):  # noqa: N801 (webdataset's name)
     DataPipeline, its own ``.with_epoch(n)`` does the same.)
     """
 
-    def __init__(self, dataset, length, *, continuous=False):
+    def __init__(self, dataset: Iterable[Any], length: int, *, continuous: bool = False) -> None:
         super().__init__()
         _check_length(length, "with_epoch length")
         self.dataset = dataset
@@ -131,13 +134,13 @@ class with_length(IterableDataset, PipelineStage):  # noqa: N801 (webdataset's n
     It does not change how many items an epoch yields.
     """
 
-    def __init__(self, dataset, length):
+    def __init__(self, dataset: Iterable[Any], length: int) -> None:
         super().__init__()
         _check_length(length, "with_length length")
         self.dataset = dataset
         self.length = length
 
-    def run(self, upstream):
+    def run(self, upstream: Iterable[_T]) -> Iterator[_T]:
         return iter(upstream)
 
     def __iter__(self):

@@ -10,6 +10,7 @@ webdataset has them.
 import io
 import pickle
 from fnmatch import fnmatch
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from . import _env
 from ._stages import handle_each, missing_field, need_dict, pipelinefilter, sample_error
@@ -63,7 +64,8 @@ def _first(sample, alternatives, stage, missing_is_error=True, default=None):
     return default
 
 
-def getfirst(a, keys, default=None, missing_is_error=True):
+def getfirst(a: Mapping[str, Any], keys: Union[str, Sequence[str]], default: Any = None,
+             missing_is_error: bool = True) -> Any:
     """The value of the first of ``keys`` (a list, or a string ``"jpg;png"``) in ``a``."""
     return _first(a, _alternatives(keys), "getfirst", missing_is_error, default)
 
@@ -75,7 +77,8 @@ def parse_field_spec(fields):
     return [field.split(";") for field in fields]
 
 
-def transform_with(sample, transformers):
+def transform_with(sample: Sequence[Any],
+                   transformers: Optional[Sequence[Optional[Callable[[Any], Any]]]]) -> Sequence[Any]:
     """Apply ``transformers[i]`` to ``sample[i]``; None or a missing function keeps the value."""
     if not transformers:
         return sample

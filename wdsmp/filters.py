@@ -14,6 +14,7 @@ errors] in :mod:`wdsmp._stages`.
 import itertools
 import random
 import sys
+from typing import Any, Iterable, Iterator, List, Optional, TypeVar
 
 from ._stages import (
     Curried,
@@ -102,6 +103,8 @@ __all__ = [
     "unlisted",
     "xdecode",
 ]
+
+_T = TypeVar("_T")
 
 
 # -- composing
@@ -259,32 +262,32 @@ class detshuffle(PipelineStage):
     the first ``set_epoch`` (NOTE [shared epoch] in :mod:`wdsmp._sharedint`).
     """
 
-    def __init__(self, bufsize=1000, initial=100, seed=0, epoch=-1):
+    def __init__(self, bufsize: int = 1000, initial: int = 100, seed: Any = 0, epoch: int = -1) -> None:
         self.bufsize = bufsize
         self.initial = initial
         self.seed = seed
         self._epoch = epoch
-        self._pinned = None  # a SharedInt once set_epoch was called
+        self._pinned: Optional[SharedInt] = None  # a SharedInt once set_epoch was called
 
     @property
-    def epoch(self):
+    def epoch(self) -> int:
         """The epoch of the latest (or, when pinned, every) iteration."""
         return self._epoch if self._pinned is None else self._pinned.value
 
     @epoch.setter
-    def epoch(self, epoch):
+    def epoch(self, epoch: int) -> None:
         if self._pinned is None:
             self._epoch = epoch
         else:
             self._pinned.value = epoch
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Use epoch ``epoch`` from the next iteration on, in this process and its workers."""
         if self._pinned is None:
             self._pinned = SharedInt(epoch)
         self._pinned.value = epoch
 
-    def run(self, src):
+    def run(self, src: Iterable[_T]) -> Iterator[_T]:
         if self._pinned is None:
             self._epoch += 1
         rng = random.Random(_epoch_seed(self.seed, self.epoch))
@@ -447,11 +450,11 @@ decode = pipelinefilter(_decode)
 class Cached(PipelineStage):
     """Keep what one complete pass yields in memory and replay it on later passes."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
-        self.cached = None
+        self.cached: Optional[List[Any]] = None
 
-    def run(self, source):
+    def run(self, source: Iterable[_T]) -> Iterator[_T]:
         if self.cached is not None:
             yield from self.cached
             return
@@ -472,7 +475,7 @@ class LMDBCached(PipelineStage):
     DBCache does.
     """
 
-    def __init__(self, fname, map_size=1e12, pickler=None, chunksize=500):
+    def __init__(self, fname: str, map_size: float = 1e12, pickler: Any = None, chunksize: int = 500) -> None:
         self.fname = fname
         self.map_size = int(map_size)
         self.pickler = pickler
@@ -491,7 +494,7 @@ class LMDBCached(PipelineStage):
             self.db = lmdb.open(self.fname, readonly=False, map_size=self.map_size)
         return self.db, self.pickler or SampleCodec(f"LMDBCached {self.fname!r}")
 
-    def run(self, source):
+    def run(self, source: Iterable[Any]) -> Iterator[Any]:
         db, pickler = self._open()
         with db.begin(write=False) as txn:
             complete = txn.get(b"_") is not None

@@ -51,6 +51,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import IO, Any, Callable, Optional, Union
 from urllib.parse import quote, unquote, urlsplit
 
 from . import _env
@@ -551,7 +552,7 @@ def set_options(obj, timeout=None, ignore_errors=None, ignore_status=None, handl
     return True
 
 
-def register_scheme(scheme, opener):
+def register_scheme(scheme: str, opener: Callable[..., Any]) -> Optional[Callable[..., Any]]:
     """Make ``opener(url, mode, bufsize, **kw)`` open URLs ``scheme:...``; returns the old one."""
     if not isinstance(scheme, str) or not (scheme == "__default__" or _SCHEME.fullmatch(scheme + ":")):
         raise ValueError(f"not a URL scheme name: {scheme!r}")
@@ -614,7 +615,8 @@ def has_opener(url):
     return url == "-" or _opener(url) is not gopen_error
 
 
-def gopen(url, mode="rb", bufsize=8192, *, secure=False, **kw):
+def gopen(url: Union[str, "os.PathLike[str]"], mode: str = "rb", bufsize: int = 8192, *, secure: bool = False,
+          **kw: Any) -> IO[bytes]:
     """Open ``url`` for reading ("rb") or writing ("wb") as a binary stream.
 
     ``-`` is stdin or stdout (closing the stream leaves them open); a path
@@ -646,6 +648,6 @@ def gopen(url, mode="rb", bufsize=8192, *, secure=False, **kw):
     return stream
 
 
-def reader(url, **kw):
+def reader(url: Union[str, "os.PathLike[str]"], **kw: Any) -> IO[bytes]:
     """Open ``url`` for reading (webdataset's name)."""
     return gopen(url, "rb", **kw)

@@ -7,6 +7,7 @@ sleep: a loader must not stall because data is bad.
 """
 
 import warnings
+from typing import Any, Callable, NoReturn
 
 __all__ = [
     "reraise_exception",
@@ -16,29 +17,33 @@ __all__ = [
     "warn_and_stop",
 ]
 
+# What a stage's ``handler=`` is: called with the exception; a true result skips the item, a
+# false one ends the stream, raising stops everything.
+_Handler = Callable[[Exception], Any]
 
-def reraise_exception(exn):
+
+def reraise_exception(exn: BaseException) -> NoReturn:
     """Re-raise the exception: the default, nothing bad passes silently."""
     raise exn
 
 
-def ignore_and_continue(exn):
+def ignore_and_continue(exn: BaseException) -> bool:
     """Skip the failing item and go on."""
     return True
 
 
-def warn_and_continue(exn):
+def warn_and_continue(exn: BaseException) -> bool:
     """Warn about the failing item, skip it and go on."""
     warnings.warn(repr(exn), stacklevel=2)
     return True
 
 
-def ignore_and_stop(exn):
+def ignore_and_stop(exn: BaseException) -> bool:
     """End the stream at the failing item."""
     return False
 
 
-def warn_and_stop(exn):
+def warn_and_stop(exn: BaseException) -> bool:
     """Warn about the failing item and end the stream there."""
     warnings.warn(repr(exn), stacklevel=2)
     return False

@@ -19,6 +19,7 @@ differently. Like ``ResampledShards``, each ``__iter__`` is a new epoch unless
 import bisect
 import math
 import random
+from typing import Any, Iterable, List, Optional
 
 from torch.utils.data import IterableDataset
 
@@ -115,12 +116,12 @@ def _set_epoch(datasets, epoch):
 class RoundRobin(IterableDataset):
     """Items of ``datasets`` taken in turn; see the module docstring for ``longest``."""
 
-    def __init__(self, datasets, longest=False):
+    def __init__(self, datasets: Iterable[Iterable[Any]], longest: bool = False) -> None:
         super().__init__()
         self.datasets = list(datasets)
         self.longest = longest
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Pass the epoch on to the datasets that take one."""
         _set_epoch(self.datasets, epoch)
 
@@ -140,21 +141,22 @@ class RandomMix(IterableDataset):
     module docstring for ``longest``, ``seed`` and epochs.
     """
 
-    def __init__(self, datasets, probs=None, longest=False, seed=None):
+    def __init__(self, datasets: Iterable[Iterable[Any]], probs: Optional[Iterable[float]] = None,
+                 longest: bool = False, seed: Any = None) -> None:
         super().__init__()
         self.datasets = list(datasets)
         self.probs = _checked_probs(probs, len(self.datasets))
         self.longest = longest
         self.seed = seed
         self.epoch = -1
-        self._next_epoch = None
+        self._next_epoch: Optional[int] = None
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch``, here and in the mixed datasets."""
         self._next_epoch = int(epoch)
         _set_epoch(self.datasets, epoch)
 
-    def epoch_probs(self, epoch):
+    def epoch_probs(self, epoch: int) -> List[float]:
         """The mixing weights of an epoch: ``probs`` (subclasses may vary them)."""
         return self.probs
 

@@ -54,7 +54,7 @@ def _compiled(name):
     return _loaded[name]
 
 
-def native_available():
+def native_available() -> bool:
     """True when the native core is what wdsmp uses now (every extension built,
     and not disabled with ``WDSMP_PUREPYTHON=1``)."""
     return not _env.pure_python() and all(_compiled(name) is not None for name in _EXTENSIONS)

@@ -47,6 +47,7 @@ import os
 import sys
 import warnings
 from itertools import islice
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, TypeVar
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -55,6 +56,8 @@ from .validation import non_negative_int
 from .utils import PipelineStage
 
 __all__ = ["CountedSource", "DataPipeline", "add_length_method"]
+
+_P = TypeVar("_P", bound="DataPipeline")  # the pipeline a chaining method returns: itself
 
 
 class CountedSource(IterableDataset):
@@ -181,22 +184,22 @@ def _is_filter(stage):
 class DataPipeline(IterableDataset):
     """A source and a series of stages, iterated like webdataset's ``DataPipeline``."""
 
-    def __init__(self, *args, **kw):
+    def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__()
-        self.pipeline = []
+        self.pipeline: List[Any] = []
         self.repetitions = 1
         self.nsamples = -1
         self._keep = False  # with_epoch mode, NOTE [epoch iterator]
         self._source = None
         self._source_pid = None
         self.position = None  # (epoch, batches handed out, streams) with a counted source
-        self._clock = None  # a StageClock while stage times are on
+        self._clock: Optional[StageClock] = None  # a StageClock while stage times are on
         for stage in _flatten(args):
             self.append(stage)
 
     # -- building
 
-    def append(self, f):
+    def append(self, f: Any) -> None:
         """Add a stage at the end (modifies the pipeline)."""
         where = len(self.pipeline)
         if where == 0 and not _is_source(f):
@@ -214,7 +217,7 @@ class DataPipeline(IterableDataset):
         if self._clock is not None:  # a clock for the stages as they are now; the figures start again
             self._clock = StageClock(map(stage_name, self.pipeline))
 
-    def compose(self, *args, **kw):
+    def compose(self, *args: Any, **kw: Any) -> Any:
         """A copy of the pipeline with ``args`` appended; the original is unchanged.
 
         The older form ``compose(cls, *args, **kw)``, with a class first, wraps
@@ -233,13 +236,13 @@ class DataPipeline(IterableDataset):
             result.append(stage)
         return result
 
-    def stage(self, i):
+    def stage(self, i: int) -> Any:
         """Stage ``i`` (0 is the source)."""
         return self.pipeline[i]
 
     # -- running
 
-    def invoke(self, f, *args, **kw):
+    def invoke(self, f: Any, *args: Any, **kw: Any) -> Any:
         """Run one stage: a source with no arguments, a filter on the upstream iterator."""
         if isinstance(f, (IterableDataset, DataLoader)) and not args:
             return iter(f)
@@ -253,7 +256,7 @@ class DataPipeline(IterableDataset):
             return iter(f)
         raise ValueError(f"{f!r}: not a valid pipeline stage")
 
-    def iterator1(self):
+    def iterator1(self) -> Iterable[Any]:
         """An iterator through one pass of the pipeline."""
         if not self.pipeline:
             raise ValueError("DataPipeline has no stages")
@@ -267,7 +270,7 @@ class DataPipeline(IterableDataset):
                 source = clock.timed(source, i)
         return source
 
-    def iterator(self):
+    def iterator(self) -> Iterator[Any]:
         """Passes through the pipeline, ``repetitions`` times; stops early at an empty pass."""
         for _ in range(self.repetitions):
             count = 0
@@ -301,7 +304,7 @@ class DataPipeline(IterableDataset):
                 return
             yield sample
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         source = counted_source(self)
         if source is not None and get_worker_info() is None and not getattr(self, "counted_outside", False):
             if self._keep or self.repetitions != 1 or self.nsamples > 0:
@@ -318,7 +321,7 @@ class DataPipeline(IterableDataset):
 
     # -- epochs and lengths
 
-    def with_epoch(self, nsamples=-1, nbatches=-1, *, continuous=False):
+    def with_epoch(self: _P, nsamples: int = -1, nbatches: int = -1, *, continuous: bool = False) -> _P:
         """Make each epoch exactly ``max(nsamples, nbatches)`` items, passing through the
         stages as often as needed. Each epoch starts them afresh, as in webdataset;
         ``continuous=True`` goes on where the last epoch stopped instead (NOTE [epoch iterator])."""
@@ -328,7 +331,7 @@ class DataPipeline(IterableDataset):
         self._drop_source()
         return self
 
-    def repeat(self, nepochs=-1, nbatches=-1):
+    def repeat(self: _P, nepochs: int = -1, nbatches: int = -1) -> _P:
         """Iterate ``nepochs`` passes (forever if not positive), at most ``nbatches`` items."""
         self.repetitions = nepochs if nepochs > 0 else sys.maxsize
         self.nsamples = nbatches
@@ -336,7 +339,7 @@ class DataPipeline(IterableDataset):
         self._drop_source()
         return self
 
-    def with_length(self, n, silent=False):
+    def with_length(self: _P, n: int, silent: bool = False) -> _P:
         """Give the pipeline a ``__len__`` returning ``n``, for training loops that insist on one.
 
         It changes nothing about how many items an epoch yields. The pipeline
@@ -350,10 +353,10 @@ class DataPipeline(IterableDataset):
         self.size = n  # webdataset's attribute, which code may read or set
         return _with_len(self, _pipeline_len)
 
-    def __bool__(self):
+    def __bool__(self) -> bool:
         return True  # a length of 0 does not make a pipeline false
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Tell every stage that has ``set_epoch`` the epoch (and a DataLoader stage's dataset);
         restart the kept iterator."""
         for step in self.pipeline:
@@ -367,7 +370,7 @@ class DataPipeline(IterableDataset):
 
     # -- stage times
 
-    def with_stage_times(self, enabled=True):
+    def with_stage_times(self: _P, enabled: bool = True) -> _P:
         """Time every stage from now on (``enabled=False``: stop, and run the stages unwrapped
         again); the figures are ``stage_times()``. The stages of the dataset of a DataLoader at
         stage 0 (a ``WebLoader``'s) are timed too, in its workers: turn it on before they start."""
@@ -377,7 +380,7 @@ class DataPipeline(IterableDataset):
             first.dataset.with_stage_times(enabled)
         return self
 
-    def stage_times(self):
+    def stage_times(self) -> List[Dict[str, Any]]:
         """Each stage's time since ``with_stage_times()``, summed over the processes that ran
         it: ``[{"stage", "where", "seconds", "items", "ms_per_item"}, ...]`` in pipeline order.
         A stage's time is its own, the work of the stages before it taken out. With a
@@ -405,7 +408,7 @@ class DataPipeline(IterableDataset):
                              "wds.ExactSamples (directly, or through the DataLoader of a WebLoader)")
         return source
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         """Where the epoch stands: the batches this pipeline handed out (an ``ExactSamples``
         pipeline, iterated in this process, or a ``WebLoader`` around one)."""
         source = self._state_source()
@@ -415,13 +418,13 @@ class DataPipeline(IterableDataset):
         done, streams = source.start(loader.num_workers if isinstance(loader, DataLoader) else 0)
         return source.state(source.epoch, done, streams)
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Make the next iteration go on from ``state`` (from ``state_dict()``) with exactly the
         batches not yet handed out, in the order they would have come."""
         self._state_source().load_state_dict(state)
         self.position = None
 
-    def close(self):
+    def close(self) -> None:
         """Close the kept iterator and every stage that has ``close``; safe to call twice."""
         self._drop_source()
         for step in self.pipeline:

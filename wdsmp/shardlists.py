@@ -16,6 +16,7 @@ import os
 import random
 import sys
 import time
+from typing import Any, Callable, Iterable, Optional, Union
 
 from torch.utils.data import IterableDataset
 
@@ -52,6 +53,9 @@ __all__ = [
     "without_last_extension",
 ]
 
+# A shard spec: a string or path (brace patterns, "::" lists, globs), or URLs one by one.
+_ShardSpec = Union[str, "os.PathLike[str]", Iterable[Union[str, "os.PathLike[str]"]]]
+
 
 def _nonempty(urls, spec):
     if not urls:
@@ -65,7 +69,7 @@ class SimpleShardList(IterableDataset):
     ``seed=True`` picks a seed from the clock (webdataset's convention).
     """
 
-    def __init__(self, urls, seed=None):
+    def __init__(self, urls: _ShardSpec, seed: Optional[Union[int, float, str, bytes, bytearray]] = None) -> None:
         super().__init__()
         self.urls = _nonempty(expand_source(urls), urls)
         self.seed = time.time_ns() if seed is True else seed
@@ -93,8 +97,9 @@ class ResampledShards(IterableDataset):
     from a fresh copy of the dataset and would otherwise all be in epoch 0.
     """
 
-    def __init__(self, urls, nshards=sys.maxsize, seed=0, worker_seed=None,
-                 deterministic=False, max_urls=int(1e6), empty_check=True):
+    def __init__(self, urls: _ShardSpec, nshards: int = sys.maxsize, seed: Any = 0,
+                 worker_seed: Optional[Callable[[], Any]] = None, deterministic: bool = False,
+                 max_urls: int = int(1e6), empty_check: bool = True) -> None:
         super().__init__()
         non_negative_int(nshards, "nshards")
         if worker_seed is not None and not callable(worker_seed):
@@ -107,9 +112,9 @@ class ResampledShards(IterableDataset):
         self.worker_seed = pytorch_worker_seed if worker_seed is None else worker_seed
         self.deterministic = deterministic
         self.epoch = -1
-        self._next_epoch = None
+        self._next_epoch: Optional[int] = None
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch`` (later ones count on from it)."""
         self._next_epoch = int(epoch)
 
@@ -135,7 +140,7 @@ class ResampledShards(IterableDataset):
 ResampledShardList = ResampledShards
 
 
-def shardspec(spec):
+def shardspec(spec: _ShardSpec) -> Union[MultiShardSample, SimpleShardList]:
     """A shard source for ``spec``: a ``MultiShardSample`` for a ``.yaml``/``.yml`` file, else a ``SimpleShardList``."""
     if isinstance(spec, str) and spec.endswith((".yaml", ".yml")):
         return MultiShardSample(spec)

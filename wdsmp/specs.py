@@ -56,13 +56,13 @@ import math
 import os
 import random
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 from . import _env
 from .errors import WdsmpError
 from .filters import pipelinefilter
 from .gopen import gopen, local_path
-from .handlers import reraise_exception
+from .handlers import _Handler, reraise_exception
 from .mix import RandomMix
 from .pipeline import DataPipeline
 from .shardlists import (
@@ -227,7 +227,11 @@ def _parse(text, name):
         raise SpecError(f"dataset spec {name!r} is not valid YAML: {exn}") from exn
 
 
-def load_spec(source):
+# What ``load_spec`` takes: a spec, the dict of one, or the path or URL of a YAML/JSON document.
+_SpecSource = Union["DatasetSpec", Dict[str, Any], str, "os.PathLike[str]"]
+
+
+def load_spec(source: _SpecSource) -> DatasetSpec:
     """A validated ``DatasetSpec`` from a dict, a ``DatasetSpec``, a file path or a URL."""
     if isinstance(source, DatasetSpec):
         return source
@@ -298,7 +302,8 @@ class SpecMix(RandomMix):
         return self.spec.weights(self.seed, epoch)
 
 
-def spec_dataset(spec, seed=0, resampled=False, longest=False, handler=reraise_exception):
+def spec_dataset(spec: _SpecSource, seed: Any = 0, resampled: bool = False, longest: bool = False,
+                 handler: _Handler = reraise_exception) -> DataPipeline:
     """A ``DataPipeline`` of the samples of a spec's collections, mixed by their weights.
 
     ``spec`` is anything ``load_spec`` takes. Each collection is read with

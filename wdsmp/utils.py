@@ -16,6 +16,7 @@ variable, which a spawned worker would not see). wdsmp's checks read
 import itertools
 import sys
 import types
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
 from . import _env
 from ._braces import fnmatch_with_braces, glob_with_braces
@@ -45,6 +46,8 @@ __all__ = [
     "safe_eval",
 ]
 
+_T = TypeVar("_T")
+
 
 def is_iterable(obj):
     """Whether ``obj`` can be iterated as a sequence of items (strings and bytes cannot)."""
@@ -56,10 +59,10 @@ def is_iterable(obj):
 class PipelineStage:
     """Base of stage objects that ``DataPipeline`` calls as ``stage.run(upstream)``."""
 
-    def run(self, *args, **kw):
+    def run(self, *args: Any, **kw: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__}.run")
 
-    def invoke(self, *args, **kw):
+    def invoke(self, *args: Any, **kw: Any) -> Any:
         return self.run(*args, **kw)
 
 
@@ -79,7 +82,8 @@ def guess_batchsize(batch):
     return len(batch[0])
 
 
-def repeatedly(source, nepochs=None, nbatches=None, nsamples=None, batchsize=guess_batchsize):
+def repeatedly(source: Iterable[_T], nepochs: Optional[int] = None, nbatches: Optional[int] = None,
+               nsamples: Optional[int] = None, batchsize: Callable[[Any], int] = guess_batchsize) -> Iterator[_T]:
     """Items from repeated passes over ``source``, until a limit is reached.
 
     Stops after ``nepochs`` passes, ``nbatches`` items or ``nsamples`` samples

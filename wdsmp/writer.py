@@ -41,6 +41,7 @@ import posixpath
 import sys
 import tarfile
 import time
+from typing import IO, Any, Callable, Dict, List, Literal, Optional, TypeVar, Union, cast
 
 from .gopen import abandon, gopen
 from .encoders import (
@@ -79,6 +80,10 @@ __all__ = [
     "tenbin_dumps",
     "torch_dumps",
 ]
+
+_W = TypeVar("_W", bound="TarWriter")
+_S = TypeVar("_S", bound="ShardWriter")
+
 
 def _leaves_cleanly(exn):
     """Whether a ``with`` block that ended with ``exn`` (None: none) finished its writing: it
@@ -208,34 +213,36 @@ class TarWriter:
     and non-ASCII names work; members that need neither get plain ustar headers.
     """
 
-    def __init__(self, fileobj, user="bigdata", group="bigdata", mode=0o0444, compress=None,
-                 encoder=True, keep_meta=False, mtime=0, format=None):  # noqa: A002
+    def __init__(self, fileobj: Any, user: str = "bigdata", group: str = "bigdata", mode: int = 0o0444,
+                 compress: Optional[Union[bool, str]] = None,
+                 encoder: Union[None, bool, Dict[str, Callable[[Any], Any]], Callable[..., Any]] = True,
+                 keep_meta: bool = False, mtime: Optional[float] = 0, format: Any = None) -> None:  # noqa: A002
         self._packer = _Packer(user, group, mode, encoder, keep_meta, mtime, format)
-        self._own = None
+        self._own: Optional[IO[bytes]] = None
         name = os.fspath(fileobj) if isinstance(fileobj, (str, os.PathLike)) else None
         self.compress = _compression(name, compress)
         if name is not None:
             fileobj = self._own = gopen(name, "wb")
         self.stream = fileobj
         # tarfile's own gzip writes the current time into the header: do it ourselves, with mtime 0.
-        self._gzip = None
+        self._gzip: Optional[gzip.GzipFile] = None
         if self.compress == "gz":
             self._gzip = fileobj = gzip.GzipFile(filename="", mode="wb", fileobj=fileobj, mtime=0)
         tarmode = "w|" if self.compress in (None, "gz") else "w|" + self.compress
-        self.tarstream = tarfile.open(fileobj=fileobj, mode=tarmode, format=self._packer.format,
-                                      encoding="utf-8", errors="surrogateescape")
+        self.tarstream = tarfile.open(fileobj=fileobj, mode=cast(Literal["w|", "w|bz2", "w|xz"], tarmode),
+                                      format=self._packer.format, encoding="utf-8", errors="surrogateescape")
         self.closed = False
 
-    def __enter__(self):
+    def __enter__(self: _W) -> _W:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if _leaves_cleanly(exc):
             self.close()
         else:
             self.abort()
 
-    def abort(self):
+    def abort(self) -> None:
         """Give the archive up: no end-of-archive marker, no gzip trailer, and a stream this
         writer opened is abandoned (``gopen.abandon``: a local file removed, an upload never
         sent). A stream the caller gave is left open, the archive in it unfinished, so readers
@@ -243,15 +250,17 @@ class TarWriter:
         if self.closed:
             return
         self.closed = True
-        # Neither the tar stream nor the gzip layer may finish later, from a finalizer.
-        self.tarstream.closed = True
-        self.tarstream.fileobj.closed = True
+        # Neither the tar stream nor the gzip layer may finish later, from a finalizer. (Their
+        # internal state, which typeshed does not describe: hence Any.)
+        tarstream: Any = self.tarstream
+        tarstream.closed = True
+        tarstream.fileobj.closed = True
         if self._gzip is not None:
-            self._gzip.fileobj = None
+            cast(Any, self._gzip).fileobj = None
         if self._own is not None:
             abandon(self._own)
 
-    def close(self):
+    def close(self) -> None:
         """Finish the archive (end blocks, gzip trailer); close the stream if we opened it. Idempotent."""
         if self.closed:
             return
@@ -266,13 +275,13 @@ class TarWriter:
             if self._own is not None:
                 self._own.close()
 
-    def write(self, obj):
+    def write(self, obj: Dict[str, Any]) -> int:
         """Write one sample; returns the bytes it added to the (uncompressed) tar stream."""
         if self.closed:
             raise ValueError("write to a closed TarWriter")
         return self._add(self._packer.pack(obj))
 
-    def dwrite(self, key, **kw):
+    def dwrite(self, key: str, **kw: Any) -> int:
         """Write a sample given as keyword arguments: ``dwrite("k", jpg=image, cls=3)``."""
         return self.write(dict(__key__=key, **kw))
 
@@ -310,8 +319,10 @@ class ShardWriter:
     shard, or a dataset short of what the run meant to write, as complete.
     """
 
-    def __init__(self, pattern, maxcount=100000, maxsize=3e9, post=None, start_shard=0,
-                 verbose=0, opener=None, index=None, **kw):
+    def __init__(self, pattern: str, maxcount: float = 100000, maxsize: float = 3e9,
+                 post: Optional[Callable[[str], Any]] = None, start_shard: int = 0, verbose: int = 0,
+                 opener: Optional[Callable[[str], Any]] = None, index: Union[bool, str, None] = None,
+                 **kw: Any) -> None:
         try:
             distinct = pattern % 0 != pattern % 1
         except (TypeError, ValueError) as exn:
@@ -333,9 +344,9 @@ class ShardWriter:
         self._packer = _Packer(**{k: v for k, v in kw.items() if k != "compress"})
         self.shard = start_shard
         self.count = self.size = self.total = 0
-        self.fname = None
-        self.shards = []
-        self.counts = []
+        self.fname: Optional[str] = None
+        self.shards: List[str] = []
+        self.counts: List[int] = []
         if index is True:
             from .shardindex import INDEX_NAME
 
@@ -343,11 +354,11 @@ class ShardWriter:
         elif not (index is None or isinstance(index, str)):
             raise ValueError(f"index must be True, a path or URL, or None, not {index!r}")
         self.index = index
-        self.tarstream = None
-        self._stream = None
+        self.tarstream: Optional[TarWriter] = None
+        self._stream: Any = None
         self.closed = False
 
-    def next_stream(self):
+    def next_stream(self) -> None:
         """Close the current shard and open the next one."""
         self.finish()
         self.fname = self.pattern % self.shard
@@ -367,7 +378,7 @@ class ShardWriter:
         self.counts.append(0)
         self.count = self.size = 0
 
-    def write(self, obj):
+    def write(self, obj: Dict[str, Any]) -> int:
         """Write one sample, starting a new shard first if it would not fit; returns its size."""
         if self.closed:
             raise ValueError("write to a closed ShardWriter")
@@ -375,14 +386,14 @@ class ShardWriter:
         size = self._packer.size(members)
         if self.tarstream is None or self.count >= self.maxcount or (self.count and self.size + size > self.maxsize):
             self.next_stream()
-        written = self.tarstream._add(members)
+        written = cast(TarWriter, self.tarstream)._add(members)  # next_stream() opened one if needed
         self.count += 1
         self.counts[-1] += 1
         self.total += 1
         self.size += written
         return written
 
-    def finish(self):
+    def finish(self) -> None:
         """Close the current shard (if any) and run ``post`` on it."""
         if self.tarstream is None:
             return
@@ -393,9 +404,9 @@ class ShardWriter:
             stream, self._stream = self._stream, None
             stream.close()
         if self.post is not None:
-            self.post(self.fname)
+            self.post(cast(str, self.fname))  # set with the shard just closed
 
-    def close(self):
+    def close(self) -> None:
         """Finish the last shard, and write the index if one was asked for. Idempotent."""
         if not self.closed:
             self.closed = True
@@ -406,7 +417,7 @@ class ShardWriter:
                 write_index(self.index, [(relative_url(self.index, name), count)
                                          for name, count in zip(self.shards, self.counts)])
 
-    def abort(self):
+    def abort(self) -> None:
         """Abandon the shard being written; no ``post`` for it, no index. Idempotent."""
         if self.closed:
             return
@@ -420,10 +431,10 @@ class ShardWriter:
             stream, self._stream = self._stream, None
             abandon(stream)
 
-    def __enter__(self):
+    def __enter__(self: _S) -> _S:
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if _leaves_cleanly(exc):
             self.close()
         else:
