@@ -330,3 +330,56 @@ def test_bad_arguments(args, kwargs, match):
 def test_bad_positions(args, match):
     with pytest.raises(ValueError, match=match):
         PlanPosition(*args)
+
+
+# -- elastic resume: an epoch saved on W ranks goes on on W' ranks
+
+
+def _stream_samples(stream):
+    """(shard, index) of each sample a stream reads, in order, with its pad flag."""
+    if stream.order == "global":
+        return [(shard, index, pad) for shard, index, _, pad in stream.samples(resume=False)]
+    return [(r.shard, i, r.pad) for r in stream.ranges for i in range(r.start, r.stop)]
+
+
+@pytest.mark.parametrize("order", ["global", "shards"])
+@pytest.mark.parametrize("worlds", [(2, 3), (3, 2), (4, 1), (1, 4), (2, 2)])
+@pytest.mark.parametrize("policy", ["drop", "pad"])
+def test_elastic_resume_deals_the_rest_at_most_once_in_equal_batches(order, worlds, policy):
+    old, new = worlds
+    counts = [37, 12, 50, 23, 8, 41]
+    table = [(f"s{i}.tar", n) for i, n in enumerate(counts)]
+    bsize, streams, done = 4, 3, 5
+    common = dict(batch_size=bsize, seed=9, policy=policy, order=order)
+    delivered = []
+    for rank in range(old):
+        plan = plan_epoch(table, 2, rank=rank, world_size=old, num_streams=streams, **common)
+        taken = round_robin_share(done, streams)
+        for stream, n in zip(plan.streams, taken):
+            delivered += _stream_samples(stream)[: n * bsize]
+    rest, batches = [], set()
+    for rank in range(new):
+        plan = plan_epoch(table, PlanPosition(2, origin=(old, done, streams)), rank=rank, world_size=new,
+                          num_streams=2, **common)
+        batches.add(plan.batches_per_rank)
+        for stream in plan.streams:
+            got = _stream_samples(stream)
+            assert len(got) == stream.num_batches * bsize
+            rest += got
+    assert len(batches) == 1  # equal batches on every new rank
+    real = [s[:2] for s in delivered + rest if not s[2]]
+    if policy == "drop":
+        assert len(real) == len(set(real))  # each sample at most once in the whole epoch
+    fresh = [s[:2] for s in rest]
+    assert not set(fresh) & {s[:2] for s in delivered if not s[2]} or policy == "pad"
+    total = sum(counts)
+    plain = plan_epoch(table, 2, world_size=old, num_streams=streams, **common).batches_per_rank
+    left = old * (plain - done) * bsize
+    assert batches.pop() == (left // new // bsize if policy == "drop" else -(-(-(-left // new)) // bsize))
+    assert len(set(s[:2] for s in delivered + rest)) <= total
+
+
+def test_elastic_resume_of_a_finished_epoch_position_is_past_its_end():
+    table = [("a", 40)]
+    with pytest.raises(ValueError, match="past the end of the epoch it was saved in"):
+        plan_epoch(table, PlanPosition(0, origin=(2, 6, 1)), batch_size=4, world_size=3)

@@ -89,7 +89,11 @@ def test_counts_are_kept_and_refreshed_when_a_shard_changes(tmp_path):
     entries = json.loads(kept.read_text())
     assert entries["directory"] == str(tmp_path / "data")
     # what is kept is what is served: a count planted there comes back while the file is unchanged ...
-    entries["shards"]["train-000001.tar"]["samples"] = 49
+    planted = entries["shards"]["train-000001.tar"]
+    planted["samples"] = 49
+    kept.write_text(json.dumps(entries))
+    assert count_local_shards(urls, str(cache))[urls[1]] == 50  # ... unless the spans kept with it disagree
+    del planted["spans"]
     kept.write_text(json.dumps(entries))
     assert count_local_shards(urls, str(cache))[urls[1]] == 49
     # ... and a rewritten shard (another size or mtime) is counted again

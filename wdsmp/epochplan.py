@@ -49,6 +49,17 @@ NOTE [plan: exactly once, equal batches]
       several makes their batches interleaved in delivery order. Every stream
       goes on from where it stood, and the batches come in the order of a
       run that was never stopped.
+    * Order. ``order="global"`` makes the sequence a permutation of all N
+      samples (``SampleSequence``, from ``make_seed(seed, epoch, "samples")``)
+      instead of the shards' samples in shard order; budgets, streams and
+      positions are the same, and a stream reads positions (``spans``), one
+      sample each, instead of shard ranges.
+    * Elastic. A position with ``origin`` (W, d, S) continues an epoch that
+      W ranks of S streams left after d batches each: the rest, the positions
+      their streams had not delivered (rank by rank, stream by stream), is the
+      sequence now, dealt to this plan's ranks and streams as above (budget
+      from its length and the policy, runs of it per stream). Every rank of
+      the origin stood at the same place, so any one rank's state gives it.
     * "shards" mode (some count unknown, or ``exact=False``): shard
       granularity. The epoch's order is cut into world equal runs of whole
       shards: floor(S / world) each (drop, the rest in ``dropped``) or
@@ -67,18 +78,23 @@ NOTE [plan: exactly once, equal batches]
 """
 
 import bisect
+import functools
 import operator
 import random
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple
 
+import numpy as np
+
 from .utils import make_seed
 
 __all__ = [
+    "ORDERS",
     "POLICIES",
     "EpochPlan",
     "EpochPlanner",
     "PlanPosition",
+    "SampleSequence",
     "ShardRange",
     "StreamPlan",
     "plan_epoch",
@@ -89,6 +105,7 @@ __all__ = [
 ]
 
 POLICIES = ("drop", "pad")
+ORDERS = ("global", "shards")
 
 
 def _index(value, what, low=0):
@@ -132,13 +149,18 @@ class PlanPosition:
     from its samples (after the user's stages and the shuffle buffer) for
     them: with it a resumed stream replays its ranges and drops exactly
     those, so a resume stays exact when stages or the error handler drop
-    samples.
+    samples. ``origin`` (``(world_size, batches_done, num_streams)``) marks an
+    epoch resumed on another number of ranks: what that many ranks of that
+    many streams had not delivered after ``batches_done`` batches each is the
+    epoch now, dealt anew (NOTE [plan: exactly once, equal batches], Elastic);
+    ``batches_done`` then counts the batches of that rest.
     """
 
     epoch: int
     batches_done: int = 0
     worker_batches: Optional[Tuple[int, ...]] = None
     worker_consumed: Optional[Tuple[int, ...]] = None
+    origin: Optional[Tuple[int, int, int]] = None
 
     def __post_init__(self):
         _index(self.epoch, "epoch")
@@ -153,6 +175,15 @@ class PlanPosition:
             if self.worker_batches is None or len(consumed) != len(self.worker_batches):
                 raise ValueError("worker_consumed needs worker_batches, one entry per worker")
             object.__setattr__(self, "worker_consumed", consumed)
+        if self.origin is not None:
+            try:
+                world, done, streams = self.origin
+            except (TypeError, ValueError):
+                raise ValueError(f"origin must be (world_size, batches_done, num_streams), "
+                                 f"not {self.origin!r}") from None
+            object.__setattr__(self, "origin", (_index(world, "origin's world_size", 1),
+                                                _index(done, "origin's batches_done"),
+                                                _index(streams, "origin's num_streams", 1)))
 
 
 def _ceil_div(a, b):
@@ -177,6 +208,47 @@ def shard_order(nshards, seed, epoch, shuffle=True):
     if shuffle:
         random.Random(make_seed(seed, epoch)).shuffle(order)
     return order
+
+
+@functools.lru_cache(maxsize=2)
+def _permutation(total, seed):
+    order = np.random.default_rng(seed).permutation(total).astype(np.int32 if total < 2**31 else np.int64)
+    order.flags.writeable = False
+    return order
+
+
+@dataclass(frozen=True)
+class SampleSequence:
+    """An epoch's samples in global order: every sample of every shard, permuted by ``seed`` (the
+    same on every rank and worker). ``shards``: ``(url, count)`` by shard number. Position ``p``
+    of the sequence is sample ``permutation[p]`` of the shards laid end to end; positions past the
+    end wrap to its start (padding)."""
+
+    shards: Tuple[Tuple[str, int], ...]
+    seed: int
+
+    @functools.cached_property
+    def _starts(self):
+        return np.cumsum([0] + [count for _, count in self.shards], dtype=np.int64)
+
+    def __len__(self):
+        return int(self._starts[-1])
+
+    def refs(self, start, stop, chunk=4096):
+        """``(shard, index, url, pad)`` of positions ``[start, stop)``: sample ``index`` of shard
+        number ``shard``, ``pad`` for a position past the end."""
+        total, starts = len(self), self._starts
+        order = _permutation(total, self.seed)
+        for first in range(start, stop, chunk):
+            positions = np.arange(first, min(first + chunk, stop), dtype=np.int64)
+            ids = order[positions % total]
+            shards = np.searchsorted(starts, ids, side="right") - 1
+            for position, shard, sample in zip(positions.tolist(), shards.tolist(), (ids - starts[shards]).tolist()):
+                yield shard, sample, self.shards[shard][0], position >= total
+
+    def ranges(self, start, stop):
+        """The samples of positions ``[start, stop)`` as one-sample ``ShardRange``s (for few)."""
+        return tuple(ShardRange(shard, url, index, index + 1, pad) for shard, index, url, pad in self.refs(start, stop))
 
 
 def _skip(ranges, nsamples):
@@ -219,10 +291,39 @@ class StreamPlan:
     discard: int
     pool: Tuple[Tuple[str, Optional[int]], ...] = ()
     consumed: Optional[int] = None
+    sequence: Optional[SampleSequence] = None
+    spans: Tuple[Tuple[int, int], ...] = ()
+
+    @property
+    def order(self):
+        """"global" when the stream reads positions of a ``SampleSequence``, else "shards"."""
+        return "shards" if self.sequence is None else "global"
+
+    def samples(self, resume=True):
+        """In global order, ``(shard, index, url, pad)`` of the samples to read, in order; without
+        the delivered batches' samples (``resume=False``: from the start of the stream)."""
+        skip = self.skip_batches * self.batch_size if resume else 0
+        for start, stop in self.spans:
+            if skip >= stop - start:
+                skip -= stop - start
+                continue
+            yield from self.sequence.refs(start + skip, stop)
+            skip = 0
+
+    def repeated(self):
+        """The ranges this stream reads a second time in the epoch (``ShardRange.pad``)."""
+        if self.sequence is None:
+            return tuple(r for r in self.ranges if r.pad)
+        total = len(self.sequence)
+        return tuple(r for start, stop in self.spans if stop > total
+                     for r in self.sequence.ranges(max(start, total), stop))
 
     def shards(self, resume=True):
         """The shard ranges to read, in order; without the delivered batches' samples when they can
-        be skipped by count (``resume=False``: from the start of the stream). Infinite in resampled mode."""
+        be skipped by count (``resume=False``: from the start of the stream). Infinite in resampled mode.
+        In global order, see ``samples``."""
+        if self.sequence is not None:
+            raise ValueError("a stream in global order reads samples, not shard ranges: see StreamPlan.samples")
         if self.mode == "resampled":
             return self._draws(resume)
         if resume and self.mode == "samples":
@@ -266,6 +367,7 @@ class EpochPlan:
     order: Tuple[int, ...]
     streams: Tuple[StreamPlan, ...]
     dropped: Tuple[ShardRange, ...]
+    origin: Optional[Tuple[int, int, int]] = None
 
     @property
     def remaining(self):
@@ -275,7 +377,7 @@ class EpochPlan:
     @property
     def repeated(self):
         """The ranges this rank reads a second time in the epoch (``ShardRange.pad``)."""
-        return tuple(r for stream in self.streams for r in stream.ranges if r.pad)
+        return tuple(r for stream in self.streams for r in stream.repeated())
 
     def notice(self):
         """In "shards" mode, a sentence naming the shards and samples the epoch leaves out (said by
@@ -345,7 +447,56 @@ def _consumed(position, shares):
     return done
 
 
-def _samples_plan(table, order, position, rank, world, nstreams, bsize, policy):
+def _budget(total, world, bsize, policy):
+    """Samples per rank (a multiple of ``bsize``) of a sequence of ``total`` samples."""
+    if policy == "drop":
+        budget = total // world // bsize * bsize
+        if budget == 0:
+            raise ValueError(f"{total} samples are too few for {world} ranks of batch_size {bsize} "
+                             f"with policy='drop' (not one full batch per rank); use policy='pad'")
+        return budget
+    return _ceil_div(_ceil_div(total, world), bsize) * bsize
+
+
+def _rest(total, origin, bsize, policy):
+    """The positions that ``origin``'s ranks had not delivered (NOTE [plan: ...], Elastic): runs
+    ``(start, stop)`` of the epoch's sequence, rank by rank, stream by stream."""
+    world, done, nstreams = origin
+    budget = _budget(total, world, bsize, policy)
+    if done > budget // bsize:
+        raise ValueError(f"the state is past the end of the epoch it was saved in ({budget // bsize} batches "
+                         f"per rank on {world} ranks)")
+    shares, delivered = round_robin_share(budget // bsize, nstreams), round_robin_share(done, nstreams)
+    runs = []
+    for rank in range(world):
+        start = rank * budget
+        for share, taken in zip(shares, delivered):
+            if taken < share:
+                runs.append((start + taken * bsize, start + share * bsize))
+            start += share * bsize
+    return tuple(runs)
+
+
+def _within(runs, start, stop):
+    """Positions ``[start, stop)`` of the runs laid end to end, as runs of the epoch's sequence;
+    past their end they wrap to their start."""
+    length = sum(b - a for a, b in runs)
+    picked, p = [], start
+    while p < stop:
+        q = p % length
+        for a, b in runs:
+            if q < b - a:
+                take = min(stop - p, b - a - q)
+                picked.append((a + q, a + q + take))
+                p += take
+                break
+            q -= b - a
+    return tuple(picked)
+
+
+def _samples_plan(table, order, position, rank, world, nstreams, bsize, policy, sequence):
+    """Budgets and each stream's share of the epoch's sequence of samples: shard ranges in shard
+    order (``sequence`` None), else positions of ``sequence`` (spans)."""
     entries = [(i, table[i][0], table[i][1]) for i in order]
     cum = [0]
     for _, _, count in entries:
@@ -353,24 +504,33 @@ def _samples_plan(table, order, position, rank, world, nstreams, bsize, policy):
     total = cum[-1]
     if total == 0:
         raise ValueError("the shards hold no samples")
-    if policy == "drop":
-        budget = total // world // bsize * bsize
-        if budget == 0:
-            raise ValueError(f"{total} samples are too few for {world} ranks of batch_size {bsize} "
-                             f"with policy='drop' (not one full batch per rank); use policy='pad'")
-    else:
-        budget = _ceil_div(_ceil_div(total, world), bsize) * bsize
+    if position.origin is None:
+        budget = _budget(total, world, bsize, policy)
+        parts, start = [], rank * budget
+        space = lambda a, b: ((a, b),)  # noqa: E731  positions of the sequence as they are
+        left = ((world * budget, total),) if world * budget < total else ()
+    else:  # the rest of an epoch resumed on another number of ranks
+        rest = _rest(total, position.origin, bsize, policy)
+        length = sum(b - a for a, b in rest)
+        budget = _budget(length, world, bsize, policy)
+        start = rank * budget
+        space = functools.partial(_within, rest)
+        left = space(world * budget, length) if world * budget < length else ()
     nbatches = budget // bsize
     if position.batches_done > nbatches:
         raise ValueError(f"position {position} is past the end of the epoch ({nbatches} batches per rank)")
     shares = round_robin_share(nbatches, nstreams)
     done = _consumed(position, shares)
-    ranges, start = [], rank * budget
+    parts = []
     for w in range(nstreams):
-        ranges.append(_slice(entries, cum, start, start + shares[w] * bsize))
+        parts.append(space(start, start + shares[w] * bsize))
         start += shares[w] * bsize
-    dropped = _slice(entries, cum, world * budget, total) if world * budget < total else ()
-    return nbatches, shares, done, ranges, dropped
+    if sequence is None:
+        ranges = [tuple(r for a, b in runs for r in _slice(entries, cum, a, b)) for runs in parts]
+        dropped = tuple(r for a, b in left for r in _slice(entries, cum, a, b))
+        return nbatches, shares, done, ranges, [()] * nstreams, dropped
+    dropped = tuple(r for a, b in left for r in sequence.ranges(a, b))
+    return nbatches, shares, done, [()] * nstreams, parts, dropped
 
 
 def _shards_plan(table, order, position, rank, world, nstreams, policy):
@@ -398,7 +558,7 @@ def _shards_plan(table, order, position, rank, world, nstreams, policy):
 
 
 def plan_epoch(shards, position=0, *, batch_size, seed=0, rank=0, world_size=1, num_streams=1,
-               policy="drop", shuffle=True, resampled=False, epoch_batches=None, exact=True):
+               policy="drop", shuffle=True, resampled=False, epoch_batches=None, exact=True, order="shards"):
     """This rank's plan of an epoch; see NOTE [plan: exactly once, equal batches].
 
     ``shards``: URLs, or ``(url, count)`` pairs (count None: unknown).
@@ -407,11 +567,13 @@ def plan_epoch(shards, position=0, *, batch_size, seed=0, rank=0, world_size=1, 
     batches. ``resampled=True``: draw shards with replacement, forever; an
     epoch is then ``epoch_batches`` batches per rank (policy and shuffle do
     not apply). ``exact=False``: whole shards per rank ("shards" mode) even
-    when every count is known.
+    when every count is known. ``order="global"``: the epoch's sequence is a
+    permutation of all samples (``SampleSequence``), not the shards' samples
+    in shard order; it needs every count and exact=True.
     """
     plan = _plan_epoch(shards, position, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size,
                        num_streams=num_streams, policy=policy, shuffle=shuffle, resampled=resampled,
-                       epoch_batches=epoch_batches, exact=exact)
+                       epoch_batches=epoch_batches, exact=exact, order=order)
     consumed = position.worker_consumed if isinstance(position, PlanPosition) else None
     if consumed is None:
         return plan
@@ -438,6 +600,7 @@ class EpochPlanner:
     resampled: bool = False
     epoch_batches: Optional[int] = None
     exact: bool = True
+    order: str = "shards"
 
     def plan(self, position):
         """The plan at ``position`` (an epoch number or a ``PlanPosition``); a position that counts
@@ -448,11 +611,11 @@ class EpochPlanner:
         return plan_epoch(self.shards, position, batch_size=self.batch_size, seed=self.seed, rank=self.rank,
                           world_size=self.world_size, num_streams=streams, policy=self.policy,
                           shuffle=self.shuffle, resampled=self.resampled, epoch_batches=self.epoch_batches,
-                          exact=self.exact)
+                          exact=self.exact, order=self.order)
 
 
 def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_streams, policy, shuffle,
-                resampled, epoch_batches, exact):
+                resampled, epoch_batches, exact, order):
     table = shard_table(shards)
     position = position if isinstance(position, PlanPosition) else PlanPosition(position)
     bsize = _index(batch_size, "batch_size", 1)
@@ -463,6 +626,8 @@ def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_str
         raise ValueError(f"rank {rank} is not below world_size {world}")
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, not {policy!r}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, not {order!r}")
     epoch = position.epoch
     known = all(count is not None for _, count in table)
     seeds = [make_seed(seed, epoch, rank, w) for w in range(nstreams)]
@@ -472,6 +637,8 @@ def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_str
             raise ValueError("the shards hold no samples")
         if position.batches_done > nbatches:
             raise ValueError(f"position {position} is past the end of the epoch ({nbatches} batches per rank)")
+        if position.origin is not None:
+            raise ValueError("a resampled epoch has no rest to deal out on another number of ranks")
         shares = round_robin_share(nbatches, nstreams)
         done = _consumed(position, shares)
         streams = tuple(StreamPlan("resampled", epoch, rank, w, nstreams, bsize, seeds[w], (), shares[w], done[w],
@@ -481,16 +648,22 @@ def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_str
     if epoch_batches is not None:
         raise ValueError("epoch_batches applies to resampled=True only; "
                          "without resampling an epoch is every shard once")
-    order = tuple(shard_order(len(table), seed, epoch, shuffle))
+    shard_sequence = tuple(shard_order(len(table), seed, epoch, shuffle))
+    if order == "global" and not (known and exact):
+        raise ValueError("order='global' needs every shard's sample count and exact=True")
+    if position.origin is not None and not (known and exact):
+        raise ValueError("resuming on another number of ranks needs exact epochs: every shard's sample count "
+                         "and exact=True")
     if known and exact:
-        nbatches, shares, done, ranges, dropped = _samples_plan(table, order, position, rank, world,
-                                                                 nstreams, bsize, policy)
+        sequence = SampleSequence(table, make_seed(seed, epoch, "samples")) if order == "global" else None
+        nbatches, shares, done, ranges, spans, dropped = _samples_plan(
+            table, shard_sequence, position, rank, world, nstreams, bsize, policy, sequence)
         streams = tuple(StreamPlan("samples", epoch, rank, w, nstreams, bsize, seeds[w], ranges[w], shares[w],
-                                   done[w], 0) for w in range(nstreams))
+                                   done[w], 0, sequence=sequence, spans=spans[w]) for w in range(nstreams))
         return EpochPlan("samples", epoch, rank, world, nstreams, bsize, policy, nbatches,
-                         position.batches_done, order, streams, dropped)
-    ranges, dropped, done = _shards_plan(table, order, position, rank, world, nstreams, policy)
+                         position.batches_done, shard_sequence, streams, dropped, position.origin)
+    ranges, dropped, done = _shards_plan(table, shard_sequence, position, rank, world, nstreams, policy)
     streams = tuple(StreamPlan("shards", epoch, rank, w, nstreams, bsize, seeds[w], ranges[w], None,
                                done[w], done[w] * bsize) for w in range(nstreams))
     return EpochPlan("shards", epoch, rank, world, nstreams, bsize, policy, None,
-                     position.batches_done, order, streams, dropped)
+                     position.batches_done, shard_sequence, streams, dropped)

@@ -20,13 +20,19 @@ counts stay unknown and the caller needs them (``required_by``), the error
 gives the ``wdsmp index`` command that writes the index.
 """
 
+import base64
 import hashlib
 import json
 import os
 import shlex
 import uuid
 import warnings
+import zlib
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
 
 from . import _env
 from ._atomic import atomic_write
@@ -35,32 +41,82 @@ from .gopen import local_path
 from .handlers import reraise_exception
 from .native import tar_headers_class
 from .shardindex import INDEX_NAME, index_beside, read_index, shard_counts
-from .tarformat import GZIP_MAGIC
-from .tariterators import SHARD_END, ShardFailed, sample_count, tar_file_iterator
+from .tarformat import BLOCK, GZIP_MAGIC
+from .tariterators import SHARD_END, ShardFailed, sample_spans, tar_file_iterator
 
-__all__ = ["CountCache", "count_local_shard", "count_local_shards", "known_counts"]
+__all__ = ["CountCache", "ShardWalk", "count_local_shard", "count_local_shards", "known_counts", "walk_local_shards"]
 
 _THREADS = 8  # shards counted at once: the walk waits on reads, not on the CPU
 
 
-def count_local_shard(path, url=None, handler=reraise_exception):
-    """The number of samples the reader makes of the local shard file ``path`` (named ``url``
-    in errors). A damaged shard raises its ``TarFormatError`` unless ``handler`` goes on: then
-    the samples before the damage count, as the reader yields them."""
+@dataclass(frozen=True)
+class ShardWalk:
+    """What the header walk found in a local shard: its sample ``count``, and each sample's byte
+    span (``spans``, an int64 array of ``(start, end)`` rows, ``tariterators.sample_spans``), or
+    None where a sample cannot be read alone: a gzip-compressed shard has no offsets, and a
+    link member's data is another member's (``why`` says which)."""
+
+    count: int
+    spans: Optional[np.ndarray]
+    why: Optional[str] = None
+
+
+def walk_local_shard(path, url=None, handler=reraise_exception):
+    """The ``ShardWalk`` of the local shard file ``path`` (named ``url`` in errors). A damaged
+    shard raises its ``TarFormatError`` unless ``handler`` goes on: then the samples before the
+    damage count, as the reader yields them."""
     url = path if url is None else url
-    names = []
+    members, why, boundary = [], None, SHARD_END
     with open(path, "rb", buffering=0) as file:
         try:
             if os.pread(file.fileno(), 2, 0) == GZIP_MAGIC:  # decompressed whole: no offsets to jump to
-                names.extend(member["fname"] for member in tar_file_iterator(file, url=url))
+                why = "it is gzip-compressed"
+                members.extend((member["fname"], 0, 0) for member in tar_file_iterator(file, url=url))
             else:
                 if hasattr(os, "posix_fadvise"):  # no readahead: a header read fetches its page, not the data
                     os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
-                names.extend(name for name, _, _ in tar_headers_class()(file, url))
+                headers = tar_headers_class()(file, url)
+                members.extend((name, offset, headers.position) for name, _, offset in headers)
+                if headers.links:
+                    why = f"it has link members ({headers.links[0][0]!r})"
         except Exception as exn:
             handler(exn)
-            return sample_count(names, ShardFailed(getattr(exn, "member", None)))
-    return sample_count(names, SHARD_END)
+            boundary = ShardFailed(getattr(exn, "member", None))
+    spans = sample_spans(members, boundary)
+    if why is not None:
+        return ShardWalk(len(spans), None, why)
+    return ShardWalk(len(spans), np.array(spans, dtype=np.int64).reshape(-1, 2))
+
+
+def count_local_shard(path, url=None, handler=reraise_exception):
+    """The number of samples the reader makes of the local shard file ``path`` (named ``url``
+    in errors); see ``walk_local_shard``."""
+    return walk_local_shard(path, url, handler).count
+
+
+def _packed_spans(walk):
+    """A walk's spans as text for the cache: gaps and lengths (small numbers), compressed."""
+    if walk.spans is None:
+        return None
+    flat = walk.spans.reshape(-1)
+    steps = np.diff(flat, prepend=0) // BLOCK
+    return base64.b64encode(zlib.compress(steps.astype("<i8").tobytes())).decode("ascii")
+
+
+def _unpacked_spans(text, count, size):
+    """The spans kept as ``text``, or None unless they are ``count`` ordered, block-aligned spans
+    within a file of ``size`` bytes."""
+    try:
+        steps = np.frombuffer(zlib.decompress(base64.b64decode(text, validate=True)), dtype="<i8")
+    except (ValueError, TypeError, zlib.error):
+        return None
+    if steps.size != 2 * count or (steps < 0).any():
+        return None
+    flat = np.cumsum(steps) * BLOCK
+    spans = flat.reshape(-1, 2)
+    if count and (flat[-1] > size or (spans[:, 1] <= spans[:, 0]).any()):
+        return None
+    return spans
 
 
 class CountCache:
@@ -103,9 +159,10 @@ class CountCache:
         shards = entries.get("shards")
         return shards if isinstance(shards, dict) else {}
 
-    def lookup(self, paths):
-        """``{path: count}`` for those of ``paths`` (real paths, with their ``os.stat_result``
-        as values) whose count is kept, fits the file as it is now, and could be its count."""
+    def lookup(self, paths, spans=False):
+        """``{path: ShardWalk}`` for those of ``paths`` (real paths, with their ``os.stat_result``
+        as values) whose count is kept, fits the file as it is now, and could be its count;
+        ``spans=True``: only those whose spans are kept too (or known not to be readable)."""
         found = {}
         for directory, group in _by_directory(paths).items():
             kept = self._read(directory)
@@ -114,18 +171,35 @@ class CountCache:
                 if not isinstance(entry, dict) or entry.get("file") != _identity(info):
                     continue
                 count = entry.get("samples")
-                if type(count) is int and 0 < count <= info.st_size // 512:
-                    found[path] = count
+                if not (type(count) is int and 0 < count <= info.st_size // 512):
+                    continue
+                packed, why = entry.get("spans"), entry.get("why")
+                if isinstance(packed, str):
+                    walk = ShardWalk(count, _unpacked_spans(packed, count, info.st_size))
+                    if walk.spans is None:
+                        continue  # not spans this file can have: walked again
+                elif isinstance(why, str):
+                    walk = ShardWalk(count, None, why)
+                elif spans:
+                    continue
+                else:
+                    walk = ShardWalk(count, None)
+                found[path] = walk
         return found
 
-    def store(self, counts):
-        """Keep ``{path: (os.stat_result, count)}``; a cache that cannot be written is warned
-        about and does without (the shards are then counted again next time)."""
-        for directory, group in _by_directory(counts).items():
+    def store(self, walks):
+        """Keep ``{path: (os.stat_result, ShardWalk)}``; a cache that cannot be written is warned
+        about and does without (the shards are then walked again next time)."""
+        for directory, group in _by_directory(walks).items():
             path = self._file(directory)
             shards = self._read(directory)
-            shards.update({os.path.basename(p): {"file": _identity(info), "samples": n}
-                           for p, (info, n) in group.items()})
+            for p, (info, walk) in group.items():
+                entry = {"file": _identity(info), "samples": walk.count}
+                if walk.spans is not None:
+                    entry["spans"] = _packed_spans(walk)
+                elif walk.why is not None:
+                    entry["why"] = walk.why
+                shards[os.path.basename(p)] = entry
             text = json.dumps({"directory": directory, "shards": shards}, separators=(",", ":"))
             try:
                 os.makedirs(self.root, mode=0o700, exist_ok=True)
@@ -149,11 +223,13 @@ def _by_directory(items):
     return groups
 
 
-def count_local_shards(paths, cache_dir=None, handler=reraise_exception):
-    """``{path: count}`` for the local shard files ``paths``: from the count cache (under
+def walk_local_shards(paths, cache_dir=None, handler=reraise_exception, spans=False):
+    """``{path: ShardWalk}`` for the local shard files ``paths``: from the count cache (under
     ``cache_dir`` when given, else the user's cache directory, ``_env.user_cache_dir``) where
-    it knows them, else counted, several at once, and kept there (``handler``: see
-    ``count_local_shard``; a damaged shard's count is not kept). Errors name the path given."""
+    it knows them, else walked, several at once, and kept there (``handler``: see
+    ``walk_local_shard``; a damaged shard's walk is not kept). ``spans=True``: the walks must
+    have each sample's span (an entry kept with its count alone is walked again). Errors name
+    the path given."""
     given, stats = {}, {}  # by real path: a name for errors, and what the cache is keyed on
     for path in paths:
         real = os.path.realpath(path)
@@ -163,23 +239,28 @@ def count_local_shards(paths, cache_dir=None, handler=reraise_exception):
         except OSError as exn:
             raise ShardError(f"cannot read the shard file: {exn.strerror or exn}", url=path) from exn
     cache = CountCache(cache_dir if cache_dir is not None else _env.user_cache_dir())
-    counts = cache.lookup(stats)
-    todo = [real for real in stats if real not in counts]
+    walks = cache.lookup(stats, spans)
+    todo = [real for real in stats if real not in walks]
     if todo:
-        def count(real):
+        def walk(real):
             damaged = []
 
-            def keep_going(exn):  # the damaged shard's count is not kept
+            def keep_going(exn):  # the damaged shard's walk is not kept
                 damaged.append(handler(exn))
                 return damaged[-1]
 
-            return count_local_shard(real, given[real], keep_going), bool(damaged)
+            return walk_local_shard(real, given[real], keep_going), bool(damaged)
 
         with ThreadPoolExecutor(min(_THREADS, len(todo)), thread_name_prefix="wdsmp-count") as pool:
-            results = dict(zip(todo, pool.map(count, todo)))
-        counts.update((real, n) for real, (n, _) in results.items())
-        cache.store({real: (stats[real], n) for real, (n, damaged) in results.items() if not damaged})
-    return {path: counts[os.path.realpath(path)] for path in paths}
+            results = dict(zip(todo, pool.map(walk, todo)))
+        walks.update((real, w) for real, (w, _) in results.items())
+        cache.store({real: (stats[real], w) for real, (w, damaged) in results.items() if not damaged})
+    return {path: walks[os.path.realpath(path)] for path in paths}
+
+
+def count_local_shards(paths, cache_dir=None, handler=reraise_exception):
+    """``{path: count}`` for the local shard files ``paths``; see ``walk_local_shards``."""
+    return {path: walk.count for path, walk in walk_local_shards(paths, cache_dir, handler).items()}
 
 
 def _index_counts(urls):

@@ -17,6 +17,7 @@ import random
 import re
 import sys
 import zlib
+from typing import Any, Callable, Collection, Dict, Iterable, Iterator, Mapping, Optional, Set, Tuple, Union
 
 from .gopen import gopen, local_path
 from . import tarformat as _tf
@@ -37,6 +38,7 @@ __all__ = [
     "tar_file_expander",
     "group_by_keys",
     "sample_count",
+    "sample_spans",
     "tarfile_samples",
     "tarfile_to_samples",
     "meta_prefix",
@@ -113,7 +115,9 @@ def shardlist(urls, *, shuffle=False):
         yield {"url": url}
 
 
-def url_opener(data, handler=reraise_exception, opener=gopen, local_paths=False, **kw):
+def url_opener(data: Iterable[Union[str, Mapping[str, Any]]], handler: Callable[[Exception], Any] = reraise_exception,
+               opener: Callable[..., Any] = gopen, local_paths: bool = False,
+               **kw: Any) -> Iterator[Dict[str, Any]]:
     """For each ``{"url": ...}`` (or URL string), add a ``stream`` opened by ``opener(url, **kw)``.
 
     ``local_paths=True`` also adds ``local_path`` for a local file, which
@@ -288,7 +292,9 @@ def _complete(sample, boundary, keys):
     return damaged is not None and keys(damaged)[0] != sample["__key__"]
 
 
-def group_by_keys(data, keys=base_plus_ext, lcase=True, suffixes=None, handler=None):
+def group_by_keys(data: Iterable[Any], keys: Callable[[str], Tuple[Any, Any]] = base_plus_ext,
+                  lcase: bool = True, suffixes: Optional[Collection[str]] = None,
+                  handler: Optional[Callable[[Exception], Any]] = None) -> Iterator[Dict[str, Any]]:
     """Group consecutive members with the same key into sample dicts.
 
     A sample gets ``__key__``, ``__url__`` (and ``__local_path__`` when the
@@ -299,8 +305,8 @@ def group_by_keys(data, keys=base_plus_ext, lcase=True, suffixes=None, handler=N
     that whole sample is dropped. ``keys(fname)`` splits a member name into
     (key, extension); a key of None skips the member.
     """
-    current = None
-    closed = set()
+    current: Any = None  # the sample being grouped
+    closed: Set[str] = set()
     shard = None
     tracing = trace  # read once per stream, as a switch set before iterating
     for member in data:
@@ -355,17 +361,27 @@ def sample_count(names, boundary=SHARD_END, keys=base_plus_ext):
     """How many samples ``tarfile_samples`` makes of a local shard whose regular members are
     named ``names``, in order, ending with ``boundary`` (``SHARD_END``, or the ``ShardFailed``
     marker of a shard that broke there): the count that makes an epoch exact without reading
-    any member's data.
+    any member's data. The rules are ``sample_spans``'."""
+    return len(sample_spans(((name, 0, 0) for name in names), boundary, keys))
+
+
+def sample_spans(members, boundary=SHARD_END, keys=base_plus_ext):
+    """The byte span ``(start, end)`` of each sample ``tarfile_samples`` makes of a local shard
+    whose regular members are ``members``, ``(name, start, end)`` triples in order (``start``
+    where the member's headers begin, ``end`` where its padded data ends), ending with
+    ``boundary`` (``SHARD_END``, or the ``ShardFailed`` marker of a shard that broke there).
+    Reading a span alone gives that sample (what a global shuffle reads, ``samplespans.py``).
 
     The reader's own rules, applied to the names alone: meta files skipped as
     ``tar_file_iterator`` skips them, names split by ``keys`` (``base_plus_ext``) and
     extensions lowercased as in ``group_by_keys``, one sample per run of members with one key.
-    A sample ``group_by_keys`` refuses (its key came back after it ended, a field twice) is not
-    counted: the reader drops it when the handler goes on (and raises by default); nor is the
+    A sample ``group_by_keys`` refuses (its key came back after it ended, a field twice) has no
+    span: the reader drops it when the handler goes on (and raises by default); nor has the
     sample a broken shard cut.
     """
-    count, key, fields, closed, bad = 0, None, None, set(), False
-    for name in names:
+    spans, key, fields, closed, bad = [], None, None, set(), False
+    start = end = 0
+    for name, first, last in members:
         if name.startswith("__") and re.match(_META_FILES, name):
             continue
         prefix, suffix = keys(name)
@@ -373,20 +389,25 @@ def sample_count(names, boundary=SHARD_END, keys=base_plus_ext):
             continue
         if prefix != key:
             if key is not None:
-                count += not bad
+                if not bad:
+                    spans.append((start, end))
                 closed.add(key)
             # the keys every sample of a local file has: a field by that name is a duplicate
-            key, fields, bad = prefix, {"__key__", "__url__"}, prefix in closed
+            key, fields, bad, start = prefix, {"__key__", "__url__"}, prefix in closed, first
         suffix = suffix.lower()
         bad = bad or suffix in fields
         fields.add(suffix)
+        end = last
     if key is not None and not bad and _complete({"__key__": key}, boundary, keys):
-        count += 1
-    return count
+        spans.append((start, end))
+    return spans
 
 
-def tarfile_samples(src, handler=reraise_exception, select_files=None, rename_files=None,
-                    max_member_size=None, *, opener=gopen):
+def tarfile_samples(src: Iterable[Union[str, Mapping[str, Any]]],
+                    handler: Callable[[Exception], Any] = reraise_exception,
+                    select_files: Optional[Callable[[str], bool]] = None,
+                    rename_files: Optional[Callable[[str], str]] = None, max_member_size: Optional[int] = None, *,
+                    opener: Callable[..., Any] = gopen) -> Iterator[Dict[str, Any]]:
     """Shard URLs (``{"url": ...}`` dicts or strings) to samples; ``opener(url)`` opens each
     (gopen, or the shard cache's ``FileCache.open``); ``max_member_size``: see
     :func:`tar_file_iterator`."""
