@@ -8,18 +8,23 @@ metadata files, which readers skip too.
 ``--shuffle`` shuffles the order of the input shards, then the samples through a buffer of
 ``--buffer`` samples, all from ``--seed`` (default 0), so a run is repeatable. The buffer is filled
 before the first sample comes out: with ``--buffer`` at least the number of samples, the output
-is an exact uniform permutation, at the price of holding every sample in memory.
+is an exact uniform permutation, at the price of holding every sample in memory. ``--memory SIZE``
+gives that exact permutation of any amount of data holding about SIZE of it at once: the samples
+go through temporary shards on disk first (``scatter.py``).
 """
 
 import collections
+import os
 import random
 import sys
 import time
 
 from ..filters import shuffle
 from .common import Progress, add_common, die, expand_inputs, print_json
-from .output import Output, add_output_options, check_summary_target, is_pattern, positive_int
+from ..gopen import local_path
+from .output import Output, add_output_options, check_summary_target, is_pattern, parse_size, positive_int
 from .listing import read_samples
+from .scatter import bucket_count, scatter_shuffled
 
 DEFAULT_BUFFER = 1000
 
@@ -41,6 +46,9 @@ def add_parser(subparsers):
         parser.add_argument("--seed", type=int, help="the shuffle's seed (default 0)")
         parser.add_argument("--buffer", type=positive_int, metavar="N",
                             help=f"samples held for shuffling (default {DEFAULT_BUFFER})")
+        parser.add_argument("--memory", type=parse_size, metavar="SIZE",
+                            help="shuffle uniformly, whatever the data's size, holding about SIZE (e.g. 4G) of "
+                                 "samples at once; temporary shards go beside the output")
         add_common(parser)
         parser.set_defaults(func=run)
 
@@ -50,8 +58,10 @@ def run(args):
     if series != is_pattern(args.output):
         die("split writes a series: give -o a pattern such as out-%06d.tar" if series else
             "cat writes one archive; for a series of shards use wdsmp split")
-    if not args.shuffle and (args.seed is not None or args.buffer is not None):
-        die("--seed and --buffer go with --shuffle")
+    if not args.shuffle and (args.seed is not None or args.buffer is not None or args.memory is not None):
+        die("--seed, --buffer and --memory go with --shuffle")
+    if args.buffer is not None and args.memory is not None:
+        die("--memory shuffles every sample: it takes no --buffer")
     check_summary_target(args)
     urls = expand_inputs(args.shards)
     started = time.monotonic()
@@ -59,8 +69,12 @@ def run(args):
     if args.shuffle:
         rng = random.Random(0 if args.seed is None else args.seed)
         rng.shuffle(urls)
-        size = args.buffer or DEFAULT_BUFFER
-        samples = shuffle(size, initial=size, rng=rng)(read_samples(urls, tally))
+        if args.memory is not None:
+            samples = scatter_shuffled(read_samples(urls, tally), args.memory, rng, _scratch(args.output),
+                                       bucket_count(_local_bytes(urls), args.memory))
+        else:
+            size = args.buffer or DEFAULT_BUFFER
+            samples = shuffle(size, initial=size, rng=rng)(read_samples(urls, tally))
     else:
         samples = read_samples(urls, tally)
     limits = dict(maxcount=args.maxcount, maxsize=args.maxsize) if series else {}
@@ -76,3 +90,19 @@ def run(args):
                         outputs=output.summary(), skipped_members=tally["outside"],
                         seconds=round(time.monotonic() - started, 3)))
     return 0
+
+
+def _local_bytes(urls):
+    """The inputs' size in bytes when all are local files, else None."""
+    paths = [local_path(url) for url in urls]
+    if any(path is None or not os.path.isfile(path) for path in paths):
+        return None
+    return sum(os.path.getsize(path) for path in paths)
+
+
+def _scratch(output):
+    """Where temporary shards go: beside a local output (same disk), else the system's."""
+    path = local_path(output % 0 if is_pattern(output) else output)
+    if path is None or not os.path.isdir(os.path.dirname(os.path.abspath(path)) or "."):
+        return None
+    return os.path.dirname(os.path.abspath(path))
