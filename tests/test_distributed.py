@@ -53,9 +53,9 @@ def _upload(directory, put):
         put(name, (directory / name).read_bytes())
 
 
-def _torchrun(out, tag, urls, loader, workers=2, **options):
-    """Run the job on WORLD ranks; its return code."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}", JOB,
+def _torchrun(out, tag, urls, loader, workers=2, world=WORLD, **options):
+    """Run the job on ``world`` ranks; its return code."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}", JOB,
                "--loader", loader, "--urls", urls, "--out", str(out), "--tag", tag, "--workers", str(workers),
                "--batch", str(BATCH)]
     for name, value in options.items():
@@ -113,6 +113,26 @@ def test_fastloader_exact_epochs_and_resume_under_torchrun(local_shards, tmp_pat
     assert len(pids) == 3 * WORLD
     assert not [name for name in os.listdir(SHM_DIR)
                 if name.startswith("wdsmp") and any(f"-{pid}-" in name for pid in pids)]
+
+
+@pytest.mark.parametrize("worlds", [(2, 3), (3, 2)])
+def test_fastloader_resumes_an_epoch_on_another_number_of_ranks(local_shards, tmp_path, worlds):
+    """A job SIGKILLed mid-epoch on one number of ranks comes back on another, every new rank from
+    rank 0's state: the samples not yet delivered are dealt out, each at most once, in equal batches."""
+    old, new = worlds
+    code = _torchrun(tmp_path, "killed", local_shards, "fast", world=old, checkpoint_at=5, kill_at=7)
+    assert code != 0
+    _torchrun(tmp_path, "resumed", local_shards, "fast", world=new, workers=3, resume=True, state_of_rank=0)
+    trained = [key for rank in range(old) for batch in _batches(tmp_path, "killed", rank)[:5] for key in batch]
+    resumed = [_batches(tmp_path, "resumed", rank) for rank in range(new)]
+    with open(tmp_path / "done-resumed.json") as stream:
+        counts = json.load(stream)["counts"]
+    per_rank = sum(SIZES) // old // BATCH  # the epoch on the old ranks, policy "drop"
+    rest = old * (per_rank - 5) * BATCH
+    assert counts == [rest // new // BATCH] * new  # equal batches on every new rank
+    keys = trained + [key for batches in resumed for batch in batches for key in batch]
+    assert all(len(batch) == BATCH for batches in resumed for batch in batches)
+    assert len(keys) == len(set(keys)) == old * 5 * BATCH + new * counts[0] * BATCH  # each sample at most once
 
 
 def test_exact_epochs_from_s3_with_a_cache_per_rank(s3_server, tmp_path):

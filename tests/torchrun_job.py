@@ -5,7 +5,8 @@ Each rank reads its batches from a ``WebLoader`` over ``ExactSamples`` or from a
 all-reduce does: a rank with fewer batches would hang the others), and logs
 the keys of every batch. ``--checkpoint-at`` saves the loader's state after
 that many batches, ``--kill-at`` then SIGKILLs every rank mid-epoch, and
-``--resume`` starts from the saved state. Rank 0 writes every rank's batch
+``--resume`` starts from the saved state (``--state-of-rank``: every rank from that rank's,
+as a job resumed on another number of ranks does). Rank 0 writes every rank's batch
 count at the end.
 """
 
@@ -50,6 +51,9 @@ def main():
     parser.add_argument("--checkpoint-at", type=int)
     parser.add_argument("--kill-at", type=int)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--state-of-rank", type=int,
+                        help="with --resume: every rank loads this rank's state (a job resumed on another "
+                             "number of ranks)")
     parser.add_argument("--cache-dir")
     args = parser.parse_args()
 
@@ -70,6 +74,8 @@ def _epoch(args, kind, tag):
         stream.write(str(os.getpid()))  # a loader's shared memory is named after its process
     loader = _loader(args, kind, rank)
     if args.resume:
+        if args.state_of_rank is not None:
+            state_path = os.path.join(args.out, f"state-rank{args.state_of_rank}.json")
         with open(state_path) as stream:
             loader.load_state_dict(json.load(stream))
     loader.set_epoch(args.epoch)

@@ -40,7 +40,9 @@ NOTE [exact epochs in the reference path]
       one; an epoch left before its end (``break``, an error) goes on from
       where it was at the next iteration.
     * Order. It follows from the seed, the epoch, the rank and the number of
-      streams, i.e. of workers when the epoch started.
+      streams, i.e. of workers when the epoch started; in global order
+      (``order``) the stream's samples are positions of a permutation of all
+      samples, read each at its offset.
     * Rank. Worker processes do not inherit torch.distributed's process
       group, so the rank and world size are fixed in the main process when
       the source is pickled for them.
@@ -50,34 +52,43 @@ import random
 import warnings
 from dataclasses import replace
 from itertools import islice
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
 
 from torch.utils.data import DataLoader, get_worker_info
 
 from ._stages import Curried
 from .validation import is_int
-from .epochplan import POLICIES, plan_epoch
+from .epochplan import ORDERS, POLICIES, EpochPlan, plan_epoch
 from .filters import detshuffle, shuffle
 from .handlers import reraise_exception
 from .pipeline import CountedSource
 from .ranges import buffer_shuffled, read_ranges
+from .samplespans import SpanReader, locate_samples, read_positions
 from .shardcount import known_counts
 from .utils import make_seed, pytorch_worker_info
 
 __all__ = ["ExactSamples"]
 
 
+def _read(plan, handler, cache_dir, counts, files, resume):
+    """The samples of a stream: by position in global order (``files``), else by shard range."""
+    if plan.order == "global":
+        refs = ((shard, index, url) for shard, index, url, _ in plan.samples(resume))
+        return read_positions(SpanReader(files.paths, files.spans), refs, handler)
+    return read_ranges(plan.shards(resume), handler, cache_dir, counts=counts)
+
+
 class _Stream:
     """One stream of the plan (its ``StreamPlan``), read forward batch by batch."""
 
-    def __init__(self, plan, batch_size, shuffle_buffer, handler, cache_dir, first_batch, counts):
+    def __init__(self, plan, batch_size, shuffle_buffer, handler, cache_dir, first_batch, counts, files):
         self.batch_size = batch_size
         if shuffle_buffer > 1:  # the order depends on everything before: replay from the start
-            samples = read_ranges(plan.shards(resume=False), handler, cache_dir, counts=counts)
+            samples = _read(plan, handler, cache_dir, counts, files, resume=False)
             samples = buffer_shuffled(samples, shuffle_buffer, random.Random(make_seed(plan.seed, "shuffle")))
             self.position = 0
         else:  # skip the first batches by count
-            samples = read_ranges(replace(plan, skip_batches=first_batch).shards(), handler, cache_dir,
-                                  counts=counts)
+            samples = _read(replace(plan, skip_batches=first_batch), handler, cache_dir, counts, files, resume=True)
             self.position = first_batch * batch_size
         self.samples = samples
 
@@ -125,12 +136,34 @@ class ExactSamples(CountedSource):
     samples shuffled within each stream. ``rank``/``world_size``: default
     from torch.distributed or ``RANK``/``WORLD_SIZE``. ``cache_dir``: keep a
     local copy of each remote shard read (per node, shared by its workers).
+    ``order``: "auto" (the default) shuffles every sample of the epoch, not just
+    the shards, when ``shuffle`` is on and every shard is a local uncompressed
+    file (each sample is then read at its offset); "global" insists (remote
+    shards are fetched into ``cache_dir`` first); "shards" reads shard by shard
+    (NOTE [sample order] in ``wdsmp/fast/loader.py``). ``self.order`` says which.
     """
 
-    def __init__(self, urls, batch_size, *, index=None, seed=0, policy="drop", shuffle=True,
-                 shuffle_buffer=0, handler=reraise_exception, rank=None, world_size=None, cache_dir=None):
+    def __init__(self, urls: Union[str, Sequence[Union[str, Tuple[str, Optional[int]]]]], batch_size: int, *,
+                 index: Optional[str] = None, seed: Any = 0, policy: str = "drop", shuffle: bool = True,
+                 shuffle_buffer: int = 0, handler: Callable[[Exception], Any] = reraise_exception,
+                 rank: Optional[int] = None, world_size: Optional[int] = None, cache_dir: Optional[str] = None,
+                 order: str = "auto") -> None:
         super().__init__()
         self.shards = known_counts(urls, index, cache_dir=cache_dir, handler=handler, required_by="ExactSamples")
+        if order not in ("auto",) + ORDERS:
+            raise ValueError(f"order must be one of {('auto',) + ORDERS}, not {order!r}")
+        if order == "global" and not shuffle:
+            raise ValueError("order='global' shuffles every sample: it needs shuffle=True")
+        self.files, self.order = None, "shards"
+        if order != "shards" and shuffle:
+            self.files, why = locate_samples([url for url, _ in self.shards], cache_dir, handler,
+                                             fetch=order == "global")
+            if self.files is None and order == "global":
+                raise ValueError(f"order='global' reads each sample at its offset, and a shard cannot be read "
+                                 f"so: {why}")
+            if self.files is not None:
+                self.order = "global"
+                self.shards = tuple((url, count) for (url, _), count in zip(self.shards, self.files.counts))
         if not is_int(batch_size, 1):
             raise ValueError(f"batch_size must be an int >= 1, not {batch_size!r}")
         if not is_int(shuffle_buffer, 0):
@@ -142,7 +175,7 @@ class ExactSamples(CountedSource):
         self.handler, self.cache_dir = handler, cache_dir
         self._rank, self._world_size = rank, world_size
         self.epoch = 0
-        self.resume = None  # a loaded state, for its epoch
+        self.resume: Optional[Dict[str, Any]] = None  # a loaded state, for its epoch
         self.plan(1)  # bad arguments (rank, too few samples) fail here, not in a worker
 
     def __getstate__(self):
@@ -152,49 +185,51 @@ class ExactSamples(CountedSource):
         state["_rank"], state["_world_size"] = self.node()
         return state
 
-    def node(self):
+    def node(self) -> Tuple[int, int]:
         """``(rank, world_size)``: as given, else from torch.distributed or the environment."""
         rank, world_size, _, _ = pytorch_worker_info()
         return (rank if self._rank is None else self._rank,
                 world_size if self._world_size is None else self._world_size)
 
-    def plan(self, streams, epoch=None):
+    def plan(self, streams: int, epoch: Optional[int] = None) -> EpochPlan:
         """This rank's plan of ``epoch`` (default: the current one) for ``streams`` streams
         (``epochplan.EpochPlan``)."""
         rank, world_size = self.node()
         return plan_epoch(self.shards, self.epoch if epoch is None else epoch, batch_size=self.batch_size,
                           seed=self.seed, rank=rank, world_size=world_size, num_streams=streams,
-                          policy=self.policy, shuffle=self.shuffle)
+                          policy=self.policy, shuffle=self.shuffle, order=self.order)
 
     def __len__(self):
         """Batches per rank in an epoch (the same on every rank)."""
         return self.plan(1).batches_per_rank
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch``; a loaded state of another epoch is dropped."""
         self.epoch = int(epoch)
         if self.resume is not None and self.resume["epoch"] != self.epoch:
             self.resume = None
 
-    def start(self, num_workers):
+    def start(self, num_workers: int) -> Tuple[int, int]:
         """``(batches_done, streams)`` where the current epoch starts with ``num_workers``
         DataLoader workers (0: none): a loaded state's, else the beginning."""
         if self.resume is not None and self.resume["epoch"] == self.epoch:
             return self.resume["batches_done"], self.resume["streams"]
         return 0, max(1, num_workers)
 
-    def state(self, epoch, batches_done, streams):
+    def state(self, epoch: int, batches_done: int, streams: int) -> Dict[str, Any]:
         """The state a pipeline saves after ``batches_done`` batches of ``epoch``."""
         rank, world_size = self.node()
         return {"epoch": epoch, "batches_done": batches_done, "streams": streams,
                 "batch_size": self.batch_size, "seed": self.seed, "policy": self.policy,
-                "shards": len(self.shards), "rank": rank, "world_size": world_size}
+                "shards": len(self.shards), "rank": rank, "world_size": world_size, "order": self.order}
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continue from ``state`` (``state_dict()`` of a pipeline on an identical source) at the
         next iteration; ValueError if it was saved with other settings or does not fit."""
         mine = self.state(0, 0, 1)
-        for name in ("batch_size", "seed", "policy", "shards", "rank", "world_size"):
+        for name in ("batch_size", "seed", "policy", "shards", "rank", "world_size", "order"):
+            if name == "order" and name not in state:
+                continue  # states saved by earlier wdsmp do not say
             if state.get(name) != mine[name]:
                 raise ValueError(f"state was saved with {name}={state.get(name)!r}, this source has "
                                  f"{mine[name]!r}: resuming exactly needs the same shards and settings")
@@ -219,13 +254,13 @@ class ExactSamples(CountedSource):
                 s, k = d % nstreams, d // nstreams
                 if s not in streams:
                     streams[s] = _Stream(plan.streams[s], self.batch_size, self.shuffle_buffer, self.handler,
-                                         self.cache_dir, k, [count for _, count in self.shards])
+                                         self.cache_dir, k, [count for _, count in self.shards], self.files)
                 yield from streams[s].batch(k)
         finally:
             for stream in streams.values():
                 stream.close()
 
-    def check_stage(self, pipeline, stage):
+    def check_stage(self, pipeline: Any, stage: Any) -> None:
         """Refuse a shuffle appended to a pipeline on ``ExactSamples``, and any stage after a
         DataLoader over one (NOTE [exact epochs ...], The contract and State)."""
         if isinstance(pipeline.pipeline[0], DataLoader):
@@ -237,7 +272,7 @@ class ExactSamples(CountedSource):
             raise ValueError("a .shuffle() stage after ExactSamples mixes samples across batches, so epochs "
                              "are no longer exact nor resumable: use ExactSamples(..., shuffle_buffer=n)")
 
-    def hand_out(self, pipeline, batches):
+    def hand_out(self, pipeline: Any, batches: Callable[[], Iterator[Any]]) -> Iterator[Any]:
         """The pipeline's batches for one epoch, counted into ``pipeline.position`` (the next epoch's
         start once all are out); exactly the planned number of them (NOTE [exact epochs in the
         reference path])."""
@@ -251,7 +286,8 @@ class ExactSamples(CountedSource):
             if not getattr(loader, "in_order", True):
                 raise ValueError("in_order=False hands batches out in whatever order workers make them, so "
                                  "state_dict() could not say which were handed out: leave it on with ExactSamples")
-            loader.dataset.counted_outside = True  # iterated in this process (no workers): count here only
+            dataset: Any = loader.dataset  # this source's pipeline, a CountedSource
+            dataset.counted_outside = True  # iterated in this process (no workers): count here only
         done, streams = self.start(num_workers)
         total = len(self)
         epoch = self.epoch

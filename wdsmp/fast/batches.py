@@ -1,6 +1,8 @@
 """What the loader hands out: a ring slot seen as a ``Batch`` of tensors (NOTE [batch lifetime]
 in ``loader.py``)."""
 
+from typing import Any, Dict, List, Optional
+
 from .worker import IMAGES, KEYS, LABELS
 
 __all__ = ["Batch", "SlotTensors"]
@@ -11,7 +13,12 @@ class Batch(tuple):
     of str when ``keys=True``, else None), ``fields`` (``{name: tensor}`` of declared
     fields), ``count`` (rows) and ``epoch``."""
 
-    def __new__(cls, images, labels, keys=None, fields=None, epoch=None):
+    keys: Optional[List[str]]
+    fields: Dict[str, Any]
+    epoch: Optional[int]
+
+    def __new__(cls, images: Any, labels: Any, keys: Optional[List[str]] = None,
+                fields: Optional[Dict[str, Any]] = None, epoch: Optional[int] = None) -> "Batch":
         batch = super().__new__(cls, (images, labels))
         batch.keys, batch.fields, batch.epoch = keys, dict(fields or {}), epoch
         return batch
@@ -20,15 +27,15 @@ class Batch(tuple):
         return tuple(self)
 
     @property
-    def images(self):
+    def images(self) -> Any:
         return self[0]
 
     @property
-    def labels(self):
+    def labels(self) -> Any:
         return self[1]
 
     @property
-    def count(self):
+    def count(self) -> int:  # type: ignore[override]  # the rows, as a property: not tuple.count(value)
         return len(self[0])
 
 
@@ -51,6 +58,12 @@ class SlotTensors:
         if self.channels_first:
             images = images.permute(0, 3, 1, 2)
         return Batch(images, labels, batch.keys, fields, batch.epoch)
+
+    def labels(self, message):
+        """The labels of ``message``'s slot, its first ``message.count`` rows, as a numpy view (None
+        without labels)."""
+        labels = self.ring.views(message.slot).get(LABELS)
+        return None if labels is None else labels[:message.count]
 
     def views(self, message):
         """The slot of ``message``, its first ``message.count`` rows, as views (images NHWC),

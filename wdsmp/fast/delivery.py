@@ -101,11 +101,13 @@ class Delivery:
     [next epoch ahead]).
 
     Where the epoch stands, for ``state_dict``: ``handed`` (each stream's batches given to the
-    user), ``consumed`` (each stream's items behind them), ``handed_out`` (all of them)."""
+    user), ``consumed`` (each stream's items behind them), ``read`` (each stream's samples read
+    behind them), ``handed_out`` (all of them)."""
 
     def __init__(self, plan, workers, streams, *, resources, slots, stats, timeout=None, stall_timeout=None,
-                 ahead=None):
+                 ahead=None, variety=None):
         self.plan, self.workers, self.streams = plan, workers, streams
+        self.variety = variety  # a variety.LabelVariety watching the labels, or None
         self.resources, self.slots, self.stats = resources, slots, stats
         self.timeout, self.stall_timeout, self.ahead = timeout, stall_timeout, ahead
         self.owner = {s: w for w, mine in enumerate(streams) for s in mine}
@@ -115,6 +117,9 @@ class Delivery:
         # Items of each sample stream behind the handed batches (BatchReady.consumed).
         self.consumed = [stream.consumed if stream.consumed is not None else stream.skip_batches * plan.batch_size
                          for stream in plan.streams]
+        # Samples of each stream read behind them (BatchReady.read; None: not known until its next batch).
+        self.read = [None if stream.consumed is not None else stream.skip_batches * plan.batch_size
+                     for stream in plan.streams]
         self.total = [None] * plan.num_streams  # each stream's batch count, once it is done
         self.pending = {}  # (stream, index) -> its BatchReady, arrived ahead of its turn
         self.held = None  # the BatchReady whose slot the user holds (NOTE [batch lifetime])
@@ -185,6 +190,10 @@ class Delivery:
             raise
         self.delivered[stream] += 1
         self.stats.add_batch(message, perf_counter_ns() - waiting, self.plan.epoch)
+        if self.variety is not None and not self.variety.done:
+            labels = self.slots.labels(message)
+            if labels is not None:
+                self.variety.observe(labels)
         self.all_taken = self.all_taken or self._last_batch_delivered()
         return message
 
@@ -197,6 +206,7 @@ class Delivery:
         """The batch of ``message`` goes to the user now: ``state_dict`` counts it as seen."""
         self.handed[message.stream] += 1
         self.consumed[message.stream] = message.consumed
+        self.read[message.stream] = message.read
         self.complete = self.finished and self.handed == self.delivered
 
     def release(self, message):

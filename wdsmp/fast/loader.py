@@ -17,6 +17,37 @@ NOTE [batch lifetime]
     while any tensor views it, so a kept view never crashes: it only shows
     newer pixels.
 
+NOTE [sample order]
+    How an epoch's samples are ordered decides what a batch holds. Shards are
+    often written in label order (class by class, as ``ImageFolder`` lists
+    the files); read shard by shard through a shuffle buffer, a batch then
+    holds a few labels, and training suffers. So, with ``order="auto"`` (the
+    default) and ``shuffle`` on, an epoch whose shards can all be read at any
+    offset (local uncompressed files without link members) is a uniform
+    permutation of all its samples (``epochplan.SampleSequence``): each
+    worker reads its stretch of it, one ``pread`` per sample at the offsets
+    the header walk found (``samplespans.py``, kept with the counts), and the
+    shuffle buffer is off unless asked for. Exact epochs, equal batches on
+    every rank, ``len()`` and resuming are as in shard order. Otherwise
+    (remote shards, gzip, ``resampled``, ``exact=False``) the epoch is read
+    shard by shard, and the loader watches the first batches' labels: far
+    less varied than a uniform draw, it warns once (``variety.py``).
+    ``order="global"`` insists (and fetches remote shards into ``cache_dir``
+    first); ``order="shards"`` reads shard by shard, as webdataset does.
+
+NOTE [elastic resume]
+    A long job may come back on fewer ranks (a node lost) or more. Every rank
+    of an exact epoch hands out the same number of batches, round robin over
+    its streams, so one rank's ``state_dict`` says what every rank delivered:
+    ``load_state_dict`` on a loader with another ``world_size`` deals the
+    samples no rank delivered to the new ranks, each at most once, the same
+    number of full batches on each (``epochplan``, Elastic); the next epochs
+    are planned for the new ranks as usual. Where that cannot be known, it
+    refuses and says why: epochs of whole shards, a shuffle buffer (it mixes
+    delivered and undelivered samples: the global order needs none), stages
+    or a handler that dropped samples (the ranks then stand at different
+    places), or a state itself resumed elastically (resume it on its ranks).
+
 NOTE [shutdown order]
     A loader lives while the script or any of its iterators (or ``.cuda()``
     iterators) holds it, as DataLoader does: ``for images, labels in
@@ -34,9 +65,12 @@ NOTE [shutdown order]
 
 import warnings
 import weakref
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from ..epochplan import EpochPlanner, PlanPosition, streams_of_workers
+from ..epochplan import EpochPlan, EpochPlanner, PlanPosition, round_robin_share, streams_of_workers
 from ..handlers import reraise_exception
+from ..samplespans import locate_samples
 from ..shardcount import known_counts
 from ..validation import is_int
 from . import pool as _pool
@@ -48,7 +82,11 @@ from .options import IMAGE_KEYS, DecodeOptions, LoaderOptions
 from .resources import LoaderResources
 from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
 from .stats import LoaderStats
+from .variety import LabelVariety
 from .worker import IMAGES, KEYS, LABELS, WorkerConfig
+
+if TYPE_CHECKING:
+    from .transfer import CudaLoader
 
 __all__ = ["IMAGE_KEYS", "Batch", "FastLoader"]
 
@@ -101,8 +139,11 @@ class FastLoader:
     quicker to start but with every lock of your process copied as it is (choose it where
     the script runs no threads of its own).
 
-    Order: ``seed`` and the epoch fix the shard order (``shuffle``), each worker's
-    ``shuffle_buffer`` and every crop; each ``iter()`` runs epoch ``epoch`` and then counts
+    Order: ``order="auto"`` shuffles every sample of the epoch when the shards are local and
+    uncompressed, else reads shard by shard (``"global"`` and
+    ``"shards"`` choose; NOTE [sample order]). ``seed`` and the epoch fix the order
+    (``shuffle``), each worker's ``shuffle_buffer`` (default 256 in shard order, 0 in global
+    order) and every crop; each ``iter()`` runs epoch ``epoch`` and then counts
     it up (``set_epoch`` sets it). Ranks: ``rank``/``world_size`` default to
     torch.distributed's, else ``RANK``/``WORLD_SIZE``; ``policy`` ("drop" or "pad") evens
     out ranks. ``num_workers`` defaults to the CPUs this process may use, shared among the
@@ -138,27 +179,36 @@ class FastLoader:
     them). ``close()``, ``with`` or garbage collection stop the workers and free the memory.
     """
 
-    def __init__(self, urls, batch_size=256, *, num_workers=None, image_size=224, train=True, seed=0,
-                 index=None, label="cls", image_keys=IMAGE_KEYS, keys=False, key_length=128, fields=None,
-                 stages=(), handler=reraise_exception, shuffle=None, shuffle_buffer=None,
-                 rank=None, world_size=None, policy="drop", resampled=False, epoch_batches=None,
-                 scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5, resize_ratio=0.875, dct_scaling=True,
-                 channels_first=False, copy=False, prefetch=2, timeout=None, stall_timeout=120.0,
-                 start_method="spawn", progress=False, cache_dir=None, max_image_pixels=None, exact=True):
+    def __init__(self, urls: Union[str, Sequence[Union[str, Tuple[str, Optional[int]]]]], batch_size: int = 256, *,
+                 num_workers: Optional[int] = None, image_size: Union[int, Tuple[int, int]] = 224,
+                 train: bool = True, seed: Any = 0, index: Optional[str] = None,
+                 label: Union[str, Callable[[Dict[str, Any]], int], None] = "cls",
+                 image_keys: Union[str, Sequence[str]] = IMAGE_KEYS, keys: bool = False, key_length: int = 128,
+                 fields: Optional[Dict[str, Tuple[Any, Tuple[int, ...], Any]]] = None,
+                 stages: Sequence[Callable[[Iterator[Dict[str, Any]]], Iterator[Dict[str, Any]]]] = (),
+                 handler: Callable[[Exception], Any] = reraise_exception, shuffle: Optional[bool] = None,
+                 shuffle_buffer: Optional[int] = None, rank: Optional[int] = None, world_size: Optional[int] = None,
+                 policy: str = "drop", resampled: bool = False, epoch_batches: Optional[int] = None,
+                 scale: Tuple[float, float] = (0.08, 1.0), ratio: Tuple[float, float] = (3 / 4, 4 / 3),
+                 flip: float = 0.5, resize_ratio: float = 0.875, dct_scaling: bool = True,
+                 channels_first: bool = False, copy: bool = False, prefetch: int = 2,
+                 timeout: Optional[float] = None, stall_timeout: Optional[float] = 120.0,
+                 start_method: str = "spawn", progress: Union[bool, float] = False, cache_dir: Optional[str] = None,
+                 max_image_pixels: Optional[int] = None, exact: bool = True, order: str = "auto") -> None:
         if _pool.starting_a_worker():  # NOTE [worker processes] in pool.py
             raise RuntimeError("a FastLoader was made while a worker process was starting and importing the main "
                                "script: a function given to the loader is defined in that script, so workers "
                                "import it; put the script's code under if __name__ == '__main__':, or define "
                                "the function in a module of its own")
-        self.options = options = LoaderOptions(
-            batch_size, DecodeOptions(train, scale, ratio, flip, resize_ratio, dct_scaling,
-                                      max_pixels=max_image_pixels), num_workers=num_workers,
-            image_size=image_size, seed=seed, label=label, image_keys=image_keys, keys=keys, key_length=key_length,
-            fields=fields, stages=stages, handler=handler, shuffle=shuffle, shuffle_buffer=shuffle_buffer, rank=rank,
-            world_size=world_size, policy=policy, resampled=resampled, epoch_batches=epoch_batches,
-            channels_first=channels_first, copy=copy, prefetch=prefetch, timeout=timeout,
-            stall_timeout=stall_timeout, start_method=start_method, progress=progress, cache_dir=cache_dir,
-            exact=exact)
+        given: Dict[str, Any] = dict(  # as given: LoaderOptions checks them and fills in the defaults
+            num_workers=num_workers, image_size=image_size, seed=seed, label=label, image_keys=image_keys, keys=keys,
+            key_length=key_length, fields=fields, stages=stages, handler=handler, shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, policy=policy, resampled=resampled,
+            epoch_batches=epoch_batches, channels_first=channels_first, copy=copy, prefetch=prefetch,
+            timeout=timeout, stall_timeout=stall_timeout, start_method=start_method, progress=progress,
+            cache_dir=cache_dir, exact=exact, order=order)
+        decode = DecodeOptions(train, scale, ratio, flip, resize_ratio, dct_scaling, max_pixels=max_image_pixels)
+        self.options = options = LoaderOptions(batch_size, decode, **given)
         layout, extra = _layout(options)
         # Unknown counts leave ranks unequal (a resampled epoch is a number of batches; one rank is alone).
         required = options.exact and not options.resampled and options.world_size > 1
@@ -167,11 +217,14 @@ class FastLoader:
             required_by=f"FastLoader on {options.world_size} ranks" if required else None,
             otherwise="pass exact=False for epochs of whole shards per rank (which may then hand out "
                       "different numbers of batches)")
+        files = self._sample_files(shuffle_buffer)
+        if files is not None:
+            self.shards = tuple((url, count) for (url, _), count in zip(self.shards, files.counts))
         self._planner = EpochPlanner(
             tuple(self.shards), options.batch_size, seed=options.seed, rank=options.rank,
             world_size=options.world_size, num_streams=options.num_workers, policy=options.policy,
             shuffle=options.shuffle, resampled=options.resampled, epoch_batches=options.epoch_batches,
-            exact=options.exact)
+            exact=options.exact, order=self.order)
         self.plan(0)  # bad plan arguments (rank, policy, too few samples) fail here too
         cleanup_stale(DEFAULT_PREFIX)
         ring = Ring.create(layout, options.num_workers * options.prefetch)
@@ -180,7 +233,8 @@ class FastLoader:
         self._config = WorkerConfig(
             ring=ring.name, layout=layout, image_keys=options.image_keys, label=options.label, fields=extra,
             keys=options.keys, stages=options.stages, handler=options.handler, decode=options.decode,
-            shuffle_buffer=options.shuffle_buffer, planner=self._planner, cache_dir=options.cache_dir)
+            shuffle_buffer=self.options.shuffle_buffer, planner=self._planner, cache_dir=options.cache_dir,
+            paths=() if files is None else files.paths, spans=() if files is None else files.spans)
         # Whether spawned workers must import the script (NOTE [worker processes] in pool.py).
         self._main = options.start_method != "fork" and _pool.refers_to_main(self._config)
         if self._main and _pool.main_module() is None:
@@ -188,32 +242,65 @@ class FastLoader:
                              "which worker processes cannot import: define it in a module, or pass "
                              "start_method='fork'")
         self._slots = SlotTensors(ring, copy=options.copy, channels_first=options.channels_first)
+        # Batches of few labels, where the loader cannot shuffle every sample (NOTE [sample order]).
+        watch = self.order == "shards" and options.shuffle and options.label is not None
+        self._variety = LabelVariety(self._order_why) if watch else None
         self._stats = LoaderStats(report_every=options.progress, num_workers=options.num_workers,
                                   source=shard_source([url for url, _ in self.shards]), cache_dir=options.cache_dir)
         self.epoch = 0
-        self._resume = None  # a loaded PlanPosition, for the next iter()
+        self._resume: Optional[PlanPosition] = None  # a loaded PlanPosition, for the next iter()
+        # The samples each stream had read behind it (the loaded state's worker_read).
+        self._resume_read: Optional[List[Optional[int]]] = None
         self._delivery = None  # the current epoch's Delivery
         # Started now, so that their start overlaps what the script does before its first iter().
         self._resources.new_workers(self._config, options.num_workers, options.prefetch, options.start_method,
                                     self._main)
 
+    def _sample_files(self, shuffle_buffer):
+        """Resolve ``order`` (NOTE [sample order]): the ``SampleFiles`` to read in global order, or
+        None for shard order. In global order the shuffle buffer is off unless one was asked for
+        (``shuffle_buffer``, the argument as given), and the counts are the walk's."""
+        options = self.options
+        self.order, self._order_why = "shards", None
+        if options.order == "shards" or not options.shuffle or options.resampled or not options.exact:
+            return None
+        urls = [url for url, _ in self.shards]
+        files, why = locate_samples(urls, options.cache_dir, options.handler, fetch=options.order == "global")
+        if files is None:
+            if options.order == "global":
+                raise ValueError(f"order='global' reads each sample at its offset, and a shard cannot be read "
+                                 f"so: {why}. Use order='shards' (or the default, order='auto')")
+            self._order_why = why
+            return None
+        stale = [(url, given, count) for (url, given), count in zip(self.shards, files.counts)
+                 if given is not None and given != count]
+        if stale:
+            url, given, count = stale[0]
+            warnings.warn(f"stale sample count: shard {url!r} has {count} samples, not the {given} given for it "
+                          f"({len(stale)} shard{'s' * (len(stale) != 1)} so); epochs use the counts the shards "
+                          f"have. Rebuild the index (wdsmp index)", stacklevel=3)
+        self.order = "global"
+        if shuffle_buffer is None:
+            self.options = replace(options, shuffle_buffer=0)
+        return files
+
     @property
-    def batch_size(self):
+    def batch_size(self) -> int:
         return self.options.batch_size
 
     @property
-    def num_workers(self):
+    def num_workers(self) -> int:
         return self.options.num_workers
 
     # -- epochs -------------------------------------------------------------------------
 
-    def plan(self, position=None):
+    def plan(self, position: Union[int, PlanPosition, None] = None) -> EpochPlan:
         """This rank's ``EpochPlan`` of epoch ``position`` (default: the next one; or a
         ``PlanPosition``): what each stream reads (see ``epochplan.py``). A position counts the
         streams the epoch started with; a new epoch has one per worker."""
         return self._planner.plan(self.epoch if position is None else position)
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Make the next ``iter()`` run epoch ``epoch`` (as DistributedSampler.set_epoch)."""
         if not is_int(epoch, 0):
             raise ValueError(f"epoch must be an int >= 0, not {epoch!r}")
@@ -222,8 +309,11 @@ class FastLoader:
             self._resume = None  # a loaded state of this very epoch stays in force
 
     def __len__(self):
-        """Batches per epoch on this rank; TypeError when sample counts are unknown."""
-        batches = self.plan(PlanPosition(self.epoch)).batches_per_rank
+        """Batches per epoch on this rank (of a loaded state's epoch, all of them: on another number
+        of ranks, those of its rest); TypeError when sample counts are unknown."""
+        resume = self._resume
+        position = resume if resume is not None and resume.epoch == self.epoch else PlanPosition(self.epoch)
+        batches = self.plan(position).batches_per_rank
         if batches is None:
             raise TypeError("len() of a FastLoader needs exact epochs: every shard's sample count (local shards "
                             "count themselves; pass (url, count) pairs or a shard index, index=..., for remote "
@@ -264,7 +354,7 @@ class FastLoader:
         self._stats.start()
         self._delivery = Delivery(plan, workers, streams, resources=self._resources, slots=self._slots,
                                   stats=self._stats, timeout=options.timeout, stall_timeout=options.stall_timeout,
-                                  ahead=weakref.WeakMethod(self._send_ahead))
+                                  ahead=weakref.WeakMethod(self._send_ahead), variety=self._variety)
         return EpochIterator(self, self._delivery)
 
     def _send_ahead(self, current):
@@ -279,49 +369,90 @@ class FastLoader:
         workers.start_epoch(position, streams_of_workers(plan.num_streams, self.options.num_workers))
         workers.ahead = plan
 
-    def state_dict(self):
+    def state_dict(self) -> Dict[str, Any]:
         """Where this loader stands: the epoch and the batches handed out in it (also after an
         error ended it). Give it to ``load_state_dict`` of a loader with the same shards and
         settings to go on with exactly the batches not yet seen, also when stages or the
         handler drop samples (each worker's position in its sample stream is part of the
         state), and also with another ``num_workers`` (the epoch's streams are then shared
-        out whole, ``epochplan.streams_of_workers``), in the order the batches would have come."""
+        out whole, ``epochplan.streams_of_workers``), in the order the batches would have come.
+        Any rank's state also resumes the epoch on another number of ranks (NOTE [elastic
+        resume])."""
         delivery, options = self._delivery, self.options
+        origin, read = None, None
         if self._resume is not None and self._resume.worker_batches is not None:
             epoch, delivered, consumed = self._resume.epoch, self._resume.worker_batches, self._resume.worker_consumed
+            origin, read = self._resume.origin, self._resume_read
         elif self._resume is not None:  # an epoch's start
             epoch, delivered, consumed = self._resume.epoch, (0,) * options.num_workers, (0,) * options.num_workers
+            origin = self._resume.origin
         elif delivery is not None and not delivery.handed_out:
             epoch, delivered, consumed = delivery.epoch, tuple(delivery.handed), tuple(delivery.consumed)
+            origin, read = delivery.plan.origin, list(delivery.read)
         else:
             epoch, delivered, consumed = self.epoch, (0,) * options.num_workers, (0,) * options.num_workers
+        if read is None:
+            read = [0] * len(delivered) if not any(delivered) else [None] * len(delivered)
         return {"epoch": epoch, "batches_done": sum(delivered), "worker_batches": list(delivered),
-                "worker_consumed": None if consumed is None else list(consumed),
+                "worker_consumed": None if consumed is None else list(consumed), "worker_read": list(read),
+                "origin": None if origin is None else list(origin),
                 "batch_size": options.batch_size, "seed": options.seed, "rank": options.rank,
-                "world_size": options.world_size, "exact": options.exact}
+                "world_size": options.world_size, "exact": options.exact, "order": self.order}
 
-    def load_state_dict(self, state):
-        """Make the next ``iter()`` continue where ``state`` (from ``state_dict``) stood."""
-        for name in ("batch_size", "seed", "rank", "world_size", "exact"):
-            if name == "exact" and name not in state:
-                continue  # states saved by earlier wdsmp do not say; the rest is checked
-            if state.get(name) != getattr(self.options, name):
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Make the next ``iter()`` continue where ``state`` (from ``state_dict``) stood; a state
+        saved on another number of ranks goes on with the rest of its epoch (NOTE [elastic
+        resume])."""
+        elastic = state.get("world_size") != self.options.world_size
+        for name in ("batch_size", "seed", "rank", "exact", "order"):
+            if name in ("exact", "order") and name not in state or name == "rank" and elastic:
+                continue  # states saved by earlier wdsmp do not say; any rank's state resumes elastically
+            mine = self.order if name == "order" else getattr(self.options, name)
+            if state.get(name) != mine:
+                if name == "order":
+                    raise ValueError(f"state was saved with the samples in {state[name]} order, this loader reads "
+                                     f"them in {mine} order: pass order={state[name]!r} to resume exactly")
                 raise ValueError(f"state was saved with {name}={state.get(name)!r}, this loader has "
-                                 f"{getattr(self.options, name)!r}: resuming exactly needs the same settings")
-        consumed = state.get("worker_consumed")
+                                 f"{mine!r}: resuming exactly needs the same settings")
+        consumed, origin = state.get("worker_consumed"), state.get("origin")
         position = PlanPosition(state["epoch"], state["batches_done"], tuple(state["worker_batches"]),
-                                None if consumed is None else tuple(consumed))
-        if (position.batches_done == 0 and len(position.worker_batches) == self.options.num_workers
-                and not any(position.worker_consumed or ())):
+                                None if consumed is None else tuple(consumed),
+                                None if origin is None else tuple(origin))
+        self._resume_read = state.get("worker_read")
+        if elastic:
+            position = self._elastic(position, state.get("world_size"), self._resume_read)
+        elif (position.batches_done == 0 and len(state["worker_batches"]) == self.options.num_workers
+                and not any(position.worker_consumed or ()) and position.origin is None):
             position = PlanPosition(position.epoch)  # an epoch's start: the plan sent ahead, if any, is it
         self.plan(position)  # fails now if the position does not fit
         self._resume = position
         self.epoch = position.epoch
 
+    def _elastic(self, position, world, read):
+        """The position that deals the rest of ``position``'s epoch, saved on ``world`` ranks, to
+        this loader's ranks; ValueError where that cannot be exact (NOTE [elastic resume])."""
+        options, streams = self.options, len(position.worker_batches)
+        why = None
+        if self.plan(PlanPosition(position.epoch)).mode != "samples":
+            why = "it needs exact epochs (every shard's sample count, exact=True, resampled=False)"
+        elif position.origin is not None:
+            why = (f"the state is itself of an epoch resumed from {position.origin[0]} ranks; resume it on the "
+                   f"{world} ranks it was saved on, or from a state saved before")
+        elif options.shuffle_buffer > 1:
+            why = (f"a shuffle buffer (shuffle_buffer={options.shuffle_buffer}) mixes what was delivered with "
+                   f"what was not; the global order needs none (order='global')")
+        elif position.worker_batches != round_robin_share(position.batches_done, streams) or not _nothing_dropped(
+                position, read, options.batch_size):
+            why = ("stages or the handler dropped samples, so the ranks' positions in the epoch differ and "
+                   "no one rank's state says what the others delivered")
+        if why is not None:
+            raise ValueError(f"cannot resume a state saved on {world} ranks on {options.world_size}: {why}")
+        return PlanPosition(position.epoch, origin=(world, position.batches_done, streams))
+
     # -- throughput ----------------------------------------------------------------------
 
     @property
-    def stats(self):
+    def stats(self) -> Dict[str, Any]:
         """Where the time went since the loader was made, as plain data (NOTE [stage times] in
         ``stats.py``): ``batches``, ``samples``, ``skipped`` (bad samples the handler let pass),
         ``padded`` (rows repeated to keep batches full), ``dropped`` and ``repeated`` (samples the
@@ -341,7 +472,9 @@ class FastLoader:
         cache hits and misses); and ``bottleneck``, the sentence ``progress=`` prints."""
         return self._stats.snapshot(max(self.epoch - 1, 0))
 
-    def cuda(self, device=None, *, mean=None, std=None, dtype=None, channels_last=True, depth=2):
+    def cuda(self, device: Any = None, *, mean: Optional[Sequence[float]] = None,
+             std: Optional[Sequence[float]] = None, dtype: Any = None, channels_last: bool = True,
+             depth: int = 2) -> "CudaLoader":
         """Batches on a CUDA device, copied from pinned shared memory and normalised on a side
         stream (NOTE [pinned transfer] in ``transfer.py``).
 
@@ -360,11 +493,29 @@ class FastLoader:
     # -- lifetime ------------------------------------------------------------------------
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._resources.closed
 
-    def close(self):
-        """Stop the workers and free the shared memory (NOTE [shutdown order]). Idempotent."""
+    def close(self) -> None:
+        """Stop the workers and free the shared memory (NOTE [sample order]
+    How an epoch's samples are ordered decides what a batch holds. Shards are
+    often written in label order (class by class, as ``ImageFolder`` lists
+    the files); read shard by shard through a shuffle buffer, a batch then
+    holds a few labels, and training suffers. So, with ``order="auto"`` (the
+    default) and ``shuffle`` on, an epoch whose shards can all be read at any
+    offset (local uncompressed files without link members) is a uniform
+    permutation of all its samples (``epochplan.SampleSequence``): each
+    worker reads its stretch of it, one ``pread`` per sample at the offsets
+    the header walk found (``samplespans.py``, kept with the counts), and the
+    shuffle buffer is off unless asked for. Exact epochs, equal batches on
+    every rank, ``len()`` and resuming are as in shard order. Otherwise
+    (remote shards, gzip, ``resampled``, ``exact=False``) the epoch is read
+    shard by shard, and the loader watches the first batches' labels: far
+    less varied than a uniform draw, it warns once (``variety.py``).
+    ``order="global"`` insists (and fetches remote shards into ``cache_dir``
+    first); ``order="shards"`` reads shard by shard, as webdataset does.
+
+NOTE [shutdown order]). Idempotent."""
         self._finalizer()
 
     def __enter__(self):
@@ -385,6 +536,15 @@ class FastLoader:
         state = "closed" if self.closed else f"{options.num_workers} workers"
         return (f"FastLoader({len(self.shards)} shards, batch_size={options.batch_size}, "
                 f"image_size={options.image_size}, train={options.train}, {state})")
+
+
+def _nothing_dropped(position, read, batch_size):
+    """Whether each stream of ``position`` read (``read``: its state's ``worker_read``) and took
+    exactly the samples of the batches it delivered: then the position says which samples they were."""
+    consumed = position.worker_consumed
+    return all(n == 0 or (consumed is not None and consumed[s] == n * batch_size and read is not None
+                          and len(read) == len(position.worker_batches) and read[s] == n * batch_size)
+               for s, n in enumerate(position.worker_batches))
 
 
 def _layout(options):

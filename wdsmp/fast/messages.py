@@ -42,6 +42,10 @@ class BatchReady:
     done, skipped ones included: what a resume after this batch must drop.
     ``times``: where the worker's time on this batch went, ints in the order of
     ``stats.BATCH_FIELDS`` (NOTE [stage times] in stats.py); empty if untimed.
+    ``read`` is how many samples of the plan the stream had read (before the
+    stages) when the batch was done, counted from the stream's start: equal to
+    ``consumed`` and to the batches times the batch size when nothing was
+    dropped, which an elastic resume needs (NOTE [elastic resume]).
     """
 
     slot: int
@@ -52,6 +56,7 @@ class BatchReady:
     consumed: int = 0
     stream: int = 0
     times: Tuple[int, ...] = ()
+    read: Optional[int] = None
 
 
 @dataclass(frozen=True)

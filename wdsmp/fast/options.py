@@ -12,7 +12,7 @@ them are stored as given: ``rank``, ``world_size``, ``policy`` and
 
 import os
 from dataclasses import dataclass, replace
-from typing import Callable, Optional, Tuple, Union
+from typing import Any, Callable, Optional, Tuple, Union
 
 from .. import handlers
 from ..imagesize import loader_pixel_budget
@@ -20,8 +20,10 @@ from ..validation import is_int, positive_int
 from ..utils import pytorch_worker_info
 from .pool import START_METHODS
 
-__all__ = ["IMAGE_KEYS", "DecodeOptions", "LoaderOptions", "default_workers", "positive_range", "unit_fraction"]
+__all__ = ["IMAGE_KEYS", "ORDERS", "DecodeOptions", "LoaderOptions", "default_workers", "positive_range",
+           "unit_fraction"]
 
+ORDERS = ("auto", "global", "shards")
 IMAGE_KEYS = ("jpg", "jpeg", "png", "ppm", "pgm", "npy", "webp", "bmp", "tif", "tiff")
 
 
@@ -46,6 +48,10 @@ def unit_fraction(value, name, *, zero=True):
     if isinstance(value, bool) or number is None or not (0 <= number <= 1 if zero else 0 < number <= 1):
         raise ValueError(f"{name} must be in {interval}, not {value!r}")
     return number
+
+
+# The default of a field that ``__post_init__`` fills in (None as given): its type is what it holds then.
+_FILLED: Any = None
 
 
 def _set(options, name, value):
@@ -112,7 +118,8 @@ class LoaderOptions:
     """``FastLoader``'s arguments but the data (``urls``, ``index``), checked, with defaults
     filled in: ``num_workers`` (``default_workers()``), ``shuffle`` (``train``),
     ``shuffle_buffer`` (256 when shuffling, else 0), ``rank`` and ``world_size``
-    (torch.distributed's, else ``RANK``/``WORLD_SIZE``); ``image_size``
+    (torch.distributed's, else ``RANK``/``WORLD_SIZE``); ``order`` "auto", "global" or
+    "shards" (the loader resolves "auto" once it knows the shards); ``image_size``
     is ``(height, width)``, ``image_keys`` a tuple, ``progress`` seconds between reports or None,
     ``start_method`` "spawn" or "fork" ("forkserver" is "spawn": NOTE [worker processes] in
     ``pool.py``). ``decode`` holds the crop arguments (``scale``, ``ratio``, ``flip``,
@@ -121,7 +128,7 @@ class LoaderOptions:
 
     batch_size: int = 256
     decode: DecodeOptions = DecodeOptions()
-    num_workers: Optional[int] = None
+    num_workers: int = _FILLED
     image_size: Tuple[int, int] = (224, 224)
     seed: object = 0
     label: Union[str, Callable, None] = "cls"
@@ -131,10 +138,10 @@ class LoaderOptions:
     fields: Optional[dict] = None
     stages: Tuple[Callable, ...] = ()
     handler: Callable = handlers.reraise_exception
-    shuffle: Optional[bool] = None
-    shuffle_buffer: Optional[int] = None
-    rank: Optional[int] = None
-    world_size: Optional[int] = None
+    shuffle: bool = _FILLED
+    shuffle_buffer: int = _FILLED
+    rank: int = _FILLED
+    world_size: int = _FILLED
     policy: str = "drop"
     resampled: bool = False
     epoch_batches: Optional[int] = None
@@ -147,6 +154,7 @@ class LoaderOptions:
     progress: Union[bool, float, None] = False
     cache_dir: Optional[str] = None
     exact: bool = True
+    order: str = "auto"
 
     def __post_init__(self):
         positive_int(self.batch_size, "batch_size")
@@ -192,6 +200,11 @@ class LoaderOptions:
         _set(self, "start_method", "fork" if self.start_method == "fork" else "spawn")
         if not isinstance(self.exact, bool):
             raise ValueError(f"exact must be True or False, not {self.exact!r}")
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, not {self.order!r}")
+        if self.order == "global" and (self.resampled or not self.exact or not self.shuffle):
+            raise ValueError("order='global' shuffles every sample of an exact epoch: it needs shuffle=True "
+                             "(the default when train=True), exact=True and resampled=False")
         progress = self.progress
         if isinstance(progress, bool) or progress is None:
             progress = 10.0 if progress else None

@@ -47,6 +47,7 @@ from .._seeding import SampleDraws
 from ..epochplan import EpochPlanner
 from ..errors import SampleError, WdsmpError
 from ..ranges import buffer_shuffled, read_ranges
+from ..samplespans import SpanReader, read_positions
 from ..utils import make_seed
 from .imagedecode import decode_with_options
 from .messages import BatchReady, EpochTask, Reading, Stop, WorkerDone, WorkerFailed, WorkerWarning
@@ -76,7 +77,9 @@ class WorkerConfig:
     ``DataPipeline``. ``cache_dir``: shards are read through the shard cache
     there. ``planner``: the loader's ``EpochPlanner``, which turns each task's
     position into the epoch's plan; the shards' sample counts in it are
-    checked as the shards are read (NOTE [stale counts] in ``ranges.py``).
+    checked as the shards are read (NOTE [stale counts] in ``ranges.py``). In global order
+    (``planner.order``), ``paths`` and ``spans`` are each shard's local file and its samples'
+    byte spans (``samplespans.SpanReader``), by shard number.
     """
 
     ring: str
@@ -91,6 +94,8 @@ class WorkerConfig:
     shuffle_buffer: int
     planner: EpochPlanner
     cache_dir: Optional[str] = None
+    paths: Tuple[str, ...] = ()
+    spans: Tuple[np.ndarray, ...] = ()
 
     @property
     def counts(self):
@@ -264,7 +269,14 @@ class _Stream:
         # A buffer reorders, and a position may count what stages and the handler dropped: then
         # resume by replaying the stream and dropping what was consumed (epochplan.py's NOTE).
         replay = config.shuffle_buffer > 1 or plan.consumed is not None
-        samples = self._read(plan.shards(resume=not replay))
+        if plan.order == "global":
+            reader = SpanReader(config.paths, config.spans, self.clock.reads)
+            samples = self._timed(read_positions(reader, self._announced(plan.samples(resume=not replay)),
+                                                 self._handle))
+        else:
+            counts = config.counts
+            samples = self._timed(read_ranges(self._entered(plan.shards(resume=not replay)), self._handle,
+                                              config.cache_dir, self.clock.reads, counts if counts else None))
         for stage in config.stages:
             samples = stage(samples)
         if config.shuffle_buffer > 1:
@@ -274,21 +286,21 @@ class _Stream:
         else:
             drop = plan.skip_batches * self.batch_size if replay else plan.discard
         # Items of the stream consumed so far, counted from the region's start (without a replay,
-        # the skipped batches' samples were skipped by count: one item each).
+        # the skipped batches' samples were skipped by count: one item each); samples read likewise.
         self.taken = drop if replay else plan.skip_batches * self.batch_size
+        self.read = 0 if replay else plan.skip_batches * self.batch_size
         return islice(samples, drop, None)
 
-    def _read(self, ranges):
+    def _timed(self, samples):
+        """``samples``, their reading timed and each noted in ``where``."""
         clock = self.clock
-        counts = self.config.counts
-        samples = read_ranges(self._entered(ranges), self._handle, self.config.cache_dir, clock.reads,
-                              counts if counts else None)
         while True:
             start = perf_counter_ns()
             sample = next(samples, None)
             clock.read_ns += perf_counter_ns() - start
             if sample is None:
                 return
+            self.read += 1
             self.where.url, self.where.member = sample.get("__url__"), sample.get("__key__")
             yield sample
 
@@ -299,6 +311,15 @@ class _Stream:
             self.where.url, self.where.member = shard.url, None
             self.outbox.put(Reading(self.worker, shard.url))
             yield shard
+
+    def _announced(self, refs):
+        """``refs`` (``StreamPlan.samples``) as ``(shard, index, url)``, announcing each change of
+        shard to the loader before its sample is read (``Reading``)."""
+        for shard, index, url, _ in refs:
+            if url != self.where.url:
+                self.where.url, self.where.member = url, None
+                self.outbox.put(Reading(self.worker, url))
+            yield shard, index, url
 
     def run(self):
         """Fill and announce this stream's batches, pausing after each (``self.index`` is the next
@@ -382,7 +403,7 @@ class _Stream:
         if count == self.batch_size:  # what _pad repeats once no row of the next slot is filled
             self.last_good = {name: array[-1].copy() for name, array in arrays.items()}
         self.outbox.put(BatchReady(slot, self.worker, self.plan.epoch, self.index, count, self.taken,
-                                   self.plan.stream, self.clock.batch_times()))
+                                   self.plan.stream, self.clock.batch_times(), self.read))
         self.index += 1
 
     def _pad(self, arrays, rows):
