@@ -15,7 +15,7 @@ runs: a fresh process per run, nothing warmed or started before it.
 
 Usage::
 
-    python benchmarks/bench_order.py [--corpus /tmp/wdsmp-corpus] [--rounds 3] [--memory 100M]
+    python benchmarks/bench_order.py [--corpus /tmp/wdsmp-corpus] [--rounds 3] [--memory 100M] [--fold 100]
 """
 
 import argparse
@@ -74,10 +74,14 @@ def _drop(paths):
             os.close(fd)
 
 
-def label_ordered(urls, directory, per_shard):
-    """The corpus rewritten sorted by label into ``directory``; the new shards and the labels."""
-    samples = sorted(wdsmp.DataPipeline(wdsmp.SimpleShardList(urls), wdsmp.tarfile_to_samples()),
-                     key=lambda s: (int(s["cls"]), s["__key__"]))
+def label_ordered(urls, directory, per_shard, fold):
+    """The corpus rewritten sorted by label into ``directory`` (labels folded to ``fold`` classes,
+    label * fold // 1000, when given); the new shards and the labels."""
+    samples = list(wdsmp.DataPipeline(wdsmp.SimpleShardList(urls), wdsmp.tarfile_to_samples()))
+    if fold:
+        for sample in samples:
+            sample["cls"] = str(int(sample["cls"]) * fold // 1000).encode()
+    samples.sort(key=lambda s: (int(s["cls"]), s["__key__"]))
     paths = []
     for start in range(0, len(samples), per_shard):
         paths.append(os.path.join(directory, f"ordered-{len(paths):06d}.tar"))
@@ -108,6 +112,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--memory", default="100M", help="the reshuffle's --memory")
+    parser.add_argument("--fold", type=int, action="append", default=[],
+                        help="also measure with the labels folded to this many classes (repeatable): "
+                             "ImageNet's ~1,300 images per class, where the corpus has few")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: labels,speed,reshuffle")
     args = parser.parse_args()
     skip = set(filter(None, args.skip.split(",")))
@@ -118,11 +125,11 @@ def main():
           f"{os.cpu_count()} CPUs; command: {' '.join(sys.argv)}")
     scratch = tempfile.mkdtemp(prefix="wdsmp-order-")
     try:
-        if "labels" not in skip:
-            ordered, labels = label_ordered(urls, scratch, max(n for _, n in table))
+        for fold in ([None] + args.fold) if "labels" not in skip else ():
+            ordered, labels = label_ordered(urls, scratch, max(n for _, n in table), fold)
             counts = np.bincount(labels)
-            print(f"\n1. shards in label order ({len(ordered)} shards, {len(counts.nonzero()[0])} labels), "
-                  f"batch {args.batch}: median distinct labels per batch")
+            print(f"\n1. shards in label order ({len(ordered)} shards, {len(counts.nonzero()[0])} labels"
+                  f"{', folded from 1000' if fold else ''}), batch {args.batch}: median distinct labels per batch")
             print(f"   uniform shuffle of the same labels: {uniform_median(np.array(labels), args.batch):.0f} "
                   f"(expected {expected_distinct(counts[counts > 0], args.batch):.1f} for draws with replacement)")
             for order in ("auto", "shards"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from wdsmp.errors import SampleError, TarFormatError
+from wdsmp.errors import SampleError, ShardError, TarFormatError
 from wdsmp.samplespans import SpanReader, locate_samples, read_positions
 from wdsmp.shardcount import walk_local_shard
 from wdsmp.tariterators import tarfile_samples
@@ -37,6 +37,7 @@ def test_each_span_reads_the_sample_the_shard_gives(tmp_path, impl, format):
     reader = SpanReader(files.paths, files.spans)
     assert [reader.sample(0, i, path) for i in range(6)] == expected
     assert list(read_positions(reader, [(0, i, path) for i in (4, 0, 2)])) == [expected[i] for i in (4, 0, 2)]
+    reader.close()
 
 
 def test_refused_samples_have_no_span(tmp_path):
@@ -92,9 +93,25 @@ def test_a_shard_changed_since_its_walk_is_named(tmp_path):
         reader.sample(0, 2, path)
     reader.close()
     errors = []
-    assert list(read_positions(SpanReader([path], [walk.spans]), [(0, 2, path), (0, 0, path)],
+    reader = SpanReader([path], [walk.spans])
+    assert list(read_positions(reader, [(0, 2, path), (0, 0, path)],
                                lambda exn: errors.append(exn) or True))[0]["__key__"] == "__meta__"
     assert len(errors) == 1
+    reader.close()
+
+
+def test_a_file_that_is_not_the_version_walked_is_refused(tmp_path):
+    path = str(tmp_path / "a.tar")
+    write_tar(Path(path), _members(3))
+    files, _ = locate_samples([path], str(tmp_path / "counts"))
+    reader = SpanReader(files.paths, files.spans, files=files.files)
+    assert reader.sample(0, 1, path)["__key__"].endswith("000")
+    reader.close()
+    write_tar(Path(path), _members(3)[::-1])  # the same size, other bytes: rewritten in place
+    reader = SpanReader(files.paths, files.spans, files=files.files)
+    with pytest.raises(ShardError, match="changed since its samples were located"):
+        reader.sample(0, 1, path)
+    reader.close()
 
 
 def test_spans_are_kept_with_the_counts(tmp_path):

@@ -50,16 +50,22 @@ NOTE [plan: exactly once, equal batches]
       goes on from where it stood, and the batches come in the order of a
       run that was never stopped.
     * Order. ``order="global"`` makes the sequence a permutation of all N
-      samples (``SampleSequence``, from ``make_seed(seed, epoch, "samples")``)
-      instead of the shards' samples in shard order; budgets, streams and
-      positions are the same, and a stream reads positions (``spans``), one
-      sample each, instead of shard ranges.
+      samples (``SampleSequence``, from ``make_seed(seed, epoch, "samples")``
+      through PCG64's raw stream, the same with any numpy) instead of the
+      shards' samples in shard order; budgets and positions are the same.
+      A stream reads positions (``spans``), one sample each, not shard
+      ranges, and needs no run of its own: stream s takes the rank's batches
+      s, s + S, ..., so the first d batches a rank delivered are its first
+      d * B positions, whatever its number of streams.
     * Elastic. A position with ``origin`` (W, d, S) continues an epoch that
       W ranks of S streams left after d batches each: the rest, the positions
       their streams had not delivered (rank by rank, stream by stream), is the
       sequence now, dealt to this plan's ranks and streams as above (budget
       from its length and the policy, runs of it per stream). Every rank of
-      the origin stood at the same place, so any one rank's state gives it.
+      the origin stood at the same place, so any one rank's state gives it
+      (in shard order, where the rest follows each stream's run, every rank
+      must have had the same number of streams). A rest too small for a batch
+      per rank ("drop") leaves an epoch of no batches.
     * "shards" mode (some count unknown, or ``exact=False``): shard
       granularity. The epoch's order is cut into world equal runs of whole
       shards: floor(S / world) each (drop, the rest in ``dropped``) or
@@ -212,7 +218,10 @@ def shard_order(nshards, seed, epoch, shuffle=True):
 
 @functools.lru_cache(maxsize=2)
 def _permutation(total, seed):
-    order = np.random.default_rng(seed).permutation(total).astype(np.int32 if total < 2**31 else np.int64)
+    """A permutation of ``range(total)`` from ``seed``, the same with any numpy: the indices sorted
+    by PCG64's raw output (a stream numpy keeps stable), ties (1 in 2**64) by index."""
+    keys = np.random.PCG64(seed).random_raw(total)
+    order = np.argsort(keys, kind="stable").astype(np.int32 if total < 2**31 else np.int64)
     order.flags.writeable = False
     return order
 
@@ -447,25 +456,30 @@ def _consumed(position, shares):
     return done
 
 
-def _budget(total, world, bsize, policy):
-    """Samples per rank (a multiple of ``bsize``) of a sequence of ``total`` samples."""
+def _budget(total, world, bsize, policy, empty=False):
+    """Samples per rank (a multiple of ``bsize``) of a sequence of ``total`` samples; ``empty``:
+    none may be the answer (the rest of an epoch too small for one batch per rank)."""
     if policy == "drop":
         budget = total // world // bsize * bsize
-        if budget == 0:
+        if budget == 0 and not empty:
             raise ValueError(f"{total} samples are too few for {world} ranks of batch_size {bsize} "
                              f"with policy='drop' (not one full batch per rank); use policy='pad'")
         return budget
     return _ceil_div(_ceil_div(total, world), bsize) * bsize
 
 
-def _rest(total, origin, bsize, policy):
+def _rest(total, origin, bsize, policy, interleaved):
     """The positions that ``origin``'s ranks had not delivered (NOTE [plan: ...], Elastic): runs
-    ``(start, stop)`` of the epoch's sequence, rank by rank, stream by stream."""
+    ``(start, stop)`` of the epoch's sequence, rank by rank (stream by stream unless the streams
+    take ``interleaved`` batches: then a rank delivered its first ones, whatever its streams)."""
     world, done, nstreams = origin
     budget = _budget(total, world, bsize, policy)
     if done > budget // bsize:
         raise ValueError(f"the state is past the end of the epoch it was saved in ({budget // bsize} batches "
                          f"per rank on {world} ranks)")
+    if interleaved:
+        return tuple((rank * budget + done * bsize, (rank + 1) * budget) for rank in range(world)
+                     if done * bsize < budget)
     shares, delivered = round_robin_share(budget // bsize, nstreams), round_robin_share(done, nstreams)
     runs = []
     for rank in range(world):
@@ -506,14 +520,12 @@ def _samples_plan(table, order, position, rank, world, nstreams, bsize, policy, 
         raise ValueError("the shards hold no samples")
     if position.origin is None:
         budget = _budget(total, world, bsize, policy)
-        parts, start = [], rank * budget
         space = lambda a, b: ((a, b),)  # noqa: E731  positions of the sequence as they are
         left = ((world * budget, total),) if world * budget < total else ()
     else:  # the rest of an epoch resumed on another number of ranks
-        rest = _rest(total, position.origin, bsize, policy)
+        rest = _rest(total, position.origin, bsize, policy, sequence is not None)
         length = sum(b - a for a, b in rest)
-        budget = _budget(length, world, bsize, policy)
-        start = rank * budget
+        budget = _budget(length, world, bsize, policy, empty=True) if length else 0
         space = functools.partial(_within, rest)
         left = space(world * budget, length) if world * budget < length else ()
     nbatches = budget // bsize
@@ -521,10 +533,15 @@ def _samples_plan(table, order, position, rank, world, nstreams, bsize, policy, 
         raise ValueError(f"position {position} is past the end of the epoch ({nbatches} batches per rank)")
     shares = round_robin_share(nbatches, nstreams)
     done = _consumed(position, shares)
-    parts = []
-    for w in range(nstreams):
-        parts.append(space(start, start + shares[w] * bsize))
-        start += shares[w] * bsize
+    first = rank * budget
+    if sequence is None:  # each stream a run of the rank's share: its shards read front to back
+        parts, start = [], first
+        for w in range(nstreams):
+            parts.append(space(start, start + shares[w] * bsize))
+            start += shares[w] * bsize
+    else:  # batch i of the rank from stream i % S: the first d batches are the first d * B positions
+        parts = [tuple(run for i in range(w, nbatches, nstreams)
+                       for run in space(first + i * bsize, first + (i + 1) * bsize)) for w in range(nstreams)]
     if sequence is None:
         ranges = [tuple(r for a, b in runs for r in _slice(entries, cum, a, b)) for runs in parts]
         dropped = tuple(r for a, b in left for r in _slice(entries, cum, a, b))

@@ -70,25 +70,26 @@ from .utils import make_seed, pytorch_worker_info
 __all__ = ["ExactSamples"]
 
 
-def _read(plan, handler, cache_dir, counts, files, resume):
-    """The samples of a stream: by position in global order (``files``), else by shard range."""
+def _read(plan, handler, cache_dir, counts, spans, resume):
+    """The samples of a stream: by position in global order (``spans``, a ``SpanReader``), else by
+    shard range."""
     if plan.order == "global":
         refs = ((shard, index, url) for shard, index, url, _ in plan.samples(resume))
-        return read_positions(SpanReader(files.paths, files.spans), refs, handler)
+        return read_positions(spans, refs, handler)
     return read_ranges(plan.shards(resume), handler, cache_dir, counts=counts)
 
 
 class _Stream:
     """One stream of the plan (its ``StreamPlan``), read forward batch by batch."""
 
-    def __init__(self, plan, batch_size, shuffle_buffer, handler, cache_dir, first_batch, counts, files):
+    def __init__(self, plan, batch_size, shuffle_buffer, handler, cache_dir, first_batch, counts, spans):
         self.batch_size = batch_size
         if shuffle_buffer > 1:  # the order depends on everything before: replay from the start
-            samples = _read(plan, handler, cache_dir, counts, files, resume=False)
+            samples = _read(plan, handler, cache_dir, counts, spans, resume=False)
             samples = buffer_shuffled(samples, shuffle_buffer, random.Random(make_seed(plan.seed, "shuffle")))
             self.position = 0
         else:  # skip the first batches by count
-            samples = _read(replace(plan, skip_batches=first_batch), handler, cache_dir, counts, files, resume=True)
+            samples = _read(replace(plan, skip_batches=first_batch), handler, cache_dir, counts, spans, resume=True)
             self.position = first_batch * batch_size
         self.samples = samples
 
@@ -227,9 +228,8 @@ class ExactSamples(CountedSource):
         """Continue from ``state`` (``state_dict()`` of a pipeline on an identical source) at the
         next iteration; ValueError if it was saved with other settings or does not fit."""
         mine = self.state(0, 0, 1)
+        state = dict({"order": "shards"}, **state)  # states saved by earlier wdsmp: all in shard order
         for name in ("batch_size", "seed", "policy", "shards", "rank", "world_size", "order"):
-            if name == "order" and name not in state:
-                continue  # states saved by earlier wdsmp do not say
             if state.get(name) != mine[name]:
                 raise ValueError(f"state was saved with {name}={state.get(name)!r}, this source has "
                                  f"{mine[name]!r}: resuming exactly needs the same shards and settings")
@@ -249,16 +249,20 @@ class ExactSamples(CountedSource):
         worker, num_workers = (worker, num_workers) if inside else (0, 1)
         plan = self.plan(nstreams)
         streams = {}
+        files = self.files
+        spans = None if files is None else SpanReader(files.paths, files.spans, files=files.files)
         try:
             for d in range(done + worker, plan.batches_per_rank, num_workers):
                 s, k = d % nstreams, d // nstreams
                 if s not in streams:
                     streams[s] = _Stream(plan.streams[s], self.batch_size, self.shuffle_buffer, self.handler,
-                                         self.cache_dir, k, [count for _, count in self.shards], self.files)
+                                         self.cache_dir, k, [count for _, count in self.shards], spans)
                 yield from streams[s].batch(k)
         finally:
             for stream in streams.values():
                 stream.close()
+            if spans is not None:
+                spans.close()
 
     def check_stage(self, pipeline: Any, stage: Any) -> None:
         """Refuse a shuffle appended to a pipeline on ``ExactSamples``, and any stage after a

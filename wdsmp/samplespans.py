@@ -20,10 +20,10 @@ import numpy as np
 from . import _env
 from ._redact import redacted
 from .cache import FileCache
-from .errors import SampleError, TarFormatError
+from .errors import SampleError, ShardError, TarFormatError
 from .gopen import local_path
 from .handlers import reraise_exception
-from .shardcount import walk_local_shards
+from .shardcount import file_identity, walk_local_shards
 from .tarformat import BLOCK
 from .tariterators import group_by_keys, tar_file_iterator
 
@@ -35,11 +35,13 @@ _END_MARKER = bytes(2 * BLOCK)
 
 class SampleFiles(NamedTuple):
     """Where every sample of a shard list lies: each shard's local file (``paths``), its
-    samples' byte spans (``spans``) and so its sample count (``counts``), by shard number."""
+    samples' byte spans (``spans``) and so its sample count (``counts``), and what identifies
+    the version of the file the spans were found in (``files``), by shard number."""
 
     paths: Tuple[str, ...]
     spans: Tuple[np.ndarray, ...]
     counts: Tuple[int, ...]
+    files: Tuple[Tuple[int, ...], ...]
 
 
 def locate_samples(urls, cache_dir=None, handler=reraise_exception, fetch=False):
@@ -61,20 +63,25 @@ def locate_samples(urls, cache_dir=None, handler=reraise_exception, fetch=False)
     for url, path in zip(urls, paths):
         if walks[path].spans is None:
             return None, f"{redacted(url)}: {walks[path].why}"
-    return SampleFiles(tuple(paths), tuple(walks[p].spans for p in paths),
-                       tuple(walks[p].count for p in paths)), None
+    return SampleFiles(tuple(paths), tuple(walks[p].spans for p in paths), tuple(walks[p].count for p in paths),
+                       tuple(walks[p].file for p in paths)), None
 
 
 class SpanReader:
     """Reads samples of local shard files by their spans.
 
     ``paths``: each shard's local file, by shard number; ``spans``: each
-    shard's ``(start, end)`` rows (``shardcount.ShardWalk.spans``). ``clock``
-    (a ``timing.ReadClock``, optional) gets the time spent opening and reading.
+    shard's ``(start, end)`` rows (``shardcount.ShardWalk.spans``); ``files``
+    (optional): what identified each file when its spans were found
+    (``ShardWalk.file``): a file opened that is not that version any more (a
+    shard rewritten, a cache entry fetched again) is an error, never spans
+    applied to other bytes. ``clock`` (a ``timing.ReadClock``, optional) gets
+    the time spent opening and reading. One reader serves any number of
+    streams; ``close()`` closes its files.
     """
 
-    def __init__(self, paths, spans, clock=None):
-        self.paths, self.spans, self.clock = paths, spans, clock
+    def __init__(self, paths, spans, clock=None, files=()):
+        self.paths, self.spans, self.clock, self.files = paths, spans, clock, files
         self._files = OrderedDict()  # shard number -> open descriptor, least recently used first
 
     def _descriptor(self, shard):
@@ -83,6 +90,10 @@ class SpanReader:
             if len(self._files) >= _OPEN_FILES:
                 os.close(self._files.popitem(last=False)[1])
             fd = os.open(self.paths[shard], os.O_RDONLY)
+            if self.files and file_identity(os.fstat(fd)) != tuple(self.files[shard]):
+                os.close(fd)
+                raise ShardError("the shard file changed since its samples were located (it was rewritten or "
+                                 "fetched again); make a new loader to locate them again", url=self.paths[shard])
             if self.clock is not None:
                 self.clock.shards += 1
         self._files[shard] = fd
@@ -117,16 +128,13 @@ class SpanReader:
 
 
 def read_positions(reader, refs, handler=reraise_exception):
-    """The samples of ``refs`` (``(shard, index, url)`` triples) in order, read by ``reader``; a
-    sample that cannot be read goes to ``handler`` (skipped when it returns True)."""
-    try:
-        for shard, index, url in refs:
-            try:
-                sample = reader.sample(shard, index, url)
-            except Exception as exn:
-                if handler(exn):
-                    continue
-                return
-            yield sample
-    finally:
-        reader.close()
+    """The samples of ``refs`` (``(shard, index, url)`` triples) in order, read by ``reader`` (its
+    owner closes it); a sample that cannot be read goes to ``handler`` (skipped when it returns True)."""
+    for shard, index, url in refs:
+        try:
+            sample = reader.sample(shard, index, url)
+        except Exception as exn:
+            if handler(exn):
+                continue
+            return
+        yield sample

@@ -29,8 +29,8 @@ import uuid
 import warnings
 import zlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, replace
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -44,7 +44,8 @@ from .shardindex import INDEX_NAME, index_beside, read_index, shard_counts
 from .tarformat import BLOCK, GZIP_MAGIC
 from .tariterators import SHARD_END, ShardFailed, sample_spans, tar_file_iterator
 
-__all__ = ["CountCache", "ShardWalk", "count_local_shard", "count_local_shards", "known_counts", "walk_local_shards"]
+__all__ = ["CountCache", "ShardWalk", "count_local_shard", "count_local_shards", "file_identity", "known_counts",
+           "walk_local_shards"]
 
 _THREADS = 8  # shards counted at once: the walk waits on reads, not on the CPU
 
@@ -59,6 +60,7 @@ class ShardWalk:
     count: int
     spans: Optional[np.ndarray]
     why: Optional[str] = None
+    file: Tuple[int, ...] = ()  # what identified the file walked (``file_identity``), where known
 
 
 def walk_local_shard(path, url=None, handler=reraise_exception):
@@ -211,9 +213,14 @@ class CountCache:
                               f"they will be counted again", RuntimeWarning, stacklevel=3)
 
 
+def file_identity(info):
+    """What tells one version of a file from another, from its ``os.stat_result``: size, mtime,
+    inode and ctime (a file rewritten, also one whose mtime was put back, differs)."""
+    return (info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
+
+
 def _identity(info):
-    """What tells one version of a file from another, from its ``os.stat_result``."""
-    return [info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns]
+    return list(file_identity(info))  # as kept in the cache's JSON
 
 
 def _by_directory(items):
@@ -255,7 +262,8 @@ def walk_local_shards(paths, cache_dir=None, handler=reraise_exception, spans=Fa
             results = dict(zip(todo, pool.map(walk, todo)))
         walks.update((real, w) for real, (w, _) in results.items())
         cache.store({real: (stats[real], w) for real, (w, damaged) in results.items() if not damaged})
-    return {path: walks[os.path.realpath(path)] for path in paths}
+    return {path: replace(walks[os.path.realpath(path)], file=file_identity(stats[os.path.realpath(path)]))
+            for path in paths}
 
 
 def count_local_shards(paths, cache_dir=None, handler=reraise_exception):

@@ -278,3 +278,20 @@ def test_memory_goes_with_shuffle_and_not_with_buffer(tmp_path, wdsmp_run):
     assert result.returncode != 0 and "--memory go with --shuffle" in result.stderr
     result = wdsmp_run("cat", "--shuffle", "--memory", "1M", "--buffer", "9", "-o", "x.tar", *inputs)
     assert result.returncode != 0 and "takes no --buffer" in result.stderr
+
+
+def test_memory_shuffle_of_shards_that_repeat_keys(tmp_path):
+    """Shards that each number their samples from 0 (the same keys in every one): the temporary
+    shards hold them apart, and every sample comes out with its own key and bytes."""
+    samples = make_samples(12)
+    inputs = [write_shards(tmp_path, [(f"{i:06d}", fields) for i, (_, fields) in enumerate(samples[s:s + 4])], 4,
+                           name=f"part{s}")[0] for s in (0, 4, 8)]
+    assert main(["split", "-q", "--shuffle", "--memory", "2000", "--maxcount", "1", "-o", str(tmp_path / "o-%03d.tar"),
+                 *map(str, inputs)]) == 0
+    out = [sample for path in sorted(tmp_path.glob("o-*.tar")) for sample in read_tar(str(path))]
+    expected = [(f"{i:06d}", fields) for s in (0, 4, 8) for i, (_, fields) in enumerate(samples[s:s + 4])]
+    def canonical(items):
+        return sorted((key, sorted(fields.items())) for key, fields in items)
+
+    assert canonical(out) == canonical(expected)
+    assert not list(tmp_path.glob(".wdsmp-shuffle-*"))

@@ -438,11 +438,15 @@ def test_a_state_of_whole_shard_epochs_is_refused_by_an_exact_loader(shards):
     _, index, _ = shards
     with _loader(index, exact=False) as loader:
         state = loader.state_dict()
-    with _loader(index) as loader:
+    with _loader(index, order="shards") as loader:
         with pytest.raises(ValueError, match="state was saved with exact=False, this loader has True"):
             loader.load_state_dict(state)
-        del state["exact"], state["order"]  # a state saved before the settings existed is taken as it is
+        for name in ("exact", "policy", "shuffle", "shards", "order"):
+            del state[name]  # a state saved before the settings existed: in shard order, the rest taken as it is
         loader.load_state_dict(state)
+    with _loader(index) as loader:  # local shards: in global order, which such a state cannot be
+        with pytest.raises(ValueError, match="saved with the samples in shards order.*order='shards'"):
+            loader.load_state_dict(state)
 
 
 def test_resampled_epochs_have_the_asked_length(shards):

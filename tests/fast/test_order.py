@@ -16,6 +16,10 @@ import wdsmp
 from wdsmp.fast.loader import FastLoader
 from wdsmp.fast.variety import expected_distinct
 
+# Real workers throughout, and what is checked is the plan and the delivery: the twins of the readers
+# are test_samplespans.py's business.
+pytestmark = pytest.mark.processes
+
 LABELS, PER_LABEL, SHARDS = 48, 50, 6  # 2,400 samples written class by class: 8 labels per shard
 BATCH = 64
 

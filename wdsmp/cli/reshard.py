@@ -48,7 +48,7 @@ def add_parser(subparsers):
                             help=f"samples held for shuffling (default {DEFAULT_BUFFER})")
         parser.add_argument("--memory", type=parse_size, metavar="SIZE",
                             help="shuffle uniformly, whatever the data's size, holding about SIZE (e.g. 4G) of "
-                                 "samples at once; temporary shards go beside the output")
+                                 "samples at once; temporary shards go beside the output (or in the current directory)")
         add_common(parser)
         parser.set_defaults(func=run)
 
@@ -101,8 +101,8 @@ def _local_bytes(urls):
 
 
 def _scratch(output):
-    """Where temporary shards go: beside a local output (same disk), else the system's."""
+    """Where temporary shards go: beside a local output (the same disk), else in the current
+    directory (not the system's temporary directory, often memory)."""
     path = local_path(output % 0 if is_pattern(output) else output)
-    if path is None or not os.path.isdir(os.path.dirname(os.path.abspath(path)) or "."):
-        return None
-    return os.path.dirname(os.path.abspath(path))
+    directory = os.path.dirname(os.path.abspath(path)) if path is not None and output != "-" else os.getcwd()
+    return directory if os.path.isdir(directory) else os.getcwd()

@@ -105,7 +105,7 @@ class Delivery:
     behind them), ``handed_out`` (all of them)."""
 
     def __init__(self, plan, workers, streams, *, resources, slots, stats, timeout=None, stall_timeout=None,
-                 ahead=None, variety=None):
+                 ahead=None, variety=None, read=None):
         self.plan, self.workers, self.streams = plan, workers, streams
         self.variety = variety  # a variety.LabelVariety watching the labels, or None
         self.resources, self.slots, self.stats = resources, slots, stats
@@ -117,9 +117,10 @@ class Delivery:
         # Items of each sample stream behind the handed batches (BatchReady.consumed).
         self.consumed = [stream.consumed if stream.consumed is not None else stream.skip_batches * plan.batch_size
                          for stream in plan.streams]
-        # Samples of each stream read behind them (BatchReady.read; None: not known until its next batch).
-        self.read = [None if stream.consumed is not None else stream.skip_batches * plan.batch_size
-                     for stream in plan.streams]
+        # Samples of each stream read behind them (BatchReady.read): ``read`` (a loaded state's), else
+        # the delivered batches' when they were skipped by count; None: not known until its next batch.
+        self.read = list(read) if read is not None and len(read) == plan.num_streams else [
+            None if stream.consumed is not None else stream.skip_batches * plan.batch_size for stream in plan.streams]
         self.total = [None] * plan.num_streams  # each stream's batch count, once it is done
         self.pending = {}  # (stream, index) -> its BatchReady, arrived ahead of its turn
         self.held = None  # the BatchReady whose slot the user holds (NOTE [batch lifetime])

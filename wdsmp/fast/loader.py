@@ -234,7 +234,8 @@ class FastLoader:
             ring=ring.name, layout=layout, image_keys=options.image_keys, label=options.label, fields=extra,
             keys=options.keys, stages=options.stages, handler=options.handler, decode=options.decode,
             shuffle_buffer=self.options.shuffle_buffer, planner=self._planner, cache_dir=options.cache_dir,
-            paths=() if files is None else files.paths, spans=() if files is None else files.spans)
+            paths=() if files is None else files.paths, spans=() if files is None else files.spans,
+            files=() if files is None else files.files)
         # Whether spawned workers must import the script (NOTE [worker processes] in pool.py).
         self._main = options.start_method != "fork" and _pool.refers_to_main(self._config)
         if self._main and _pool.main_module() is None:
@@ -329,6 +330,7 @@ class FastLoader:
             self._delivery.leave()
         before = self._resume, self.epoch  # what a failed start leaves for the next iter()
         position = self._resume or PlanPosition(self.epoch)
+        resumed_read = self._resume_read if self._resume is not None else None
         self._resume = None
         plan = self.plan(position)
         self.epoch = plan.epoch + 1
@@ -352,9 +354,10 @@ class FastLoader:
             self._resume, self.epoch = before
             raise
         self._stats.start()
+        read = resumed_read if position.batches_done else None
         self._delivery = Delivery(plan, workers, streams, resources=self._resources, slots=self._slots,
                                   stats=self._stats, timeout=options.timeout, stall_timeout=options.stall_timeout,
-                                  ahead=weakref.WeakMethod(self._send_ahead), variety=self._variety)
+                                  ahead=weakref.WeakMethod(self._send_ahead), variety=self._variety, read=read)
         return EpochIterator(self, self._delivery)
 
     def _send_ahead(self, current):
@@ -397,23 +400,31 @@ class FastLoader:
                 "worker_consumed": None if consumed is None else list(consumed), "worker_read": list(read),
                 "origin": None if origin is None else list(origin),
                 "batch_size": options.batch_size, "seed": options.seed, "rank": options.rank,
-                "world_size": options.world_size, "exact": options.exact, "order": self.order}
+                "world_size": options.world_size, "exact": options.exact, "order": self.order,
+                "policy": options.policy, "shuffle": options.shuffle, "shards": len(self.shards)}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Make the next ``iter()`` continue where ``state`` (from ``state_dict``) stood; a state
         saved on another number of ranks goes on with the rest of its epoch (NOTE [elastic
         resume])."""
-        elastic = state.get("world_size") != self.options.world_size
-        for name in ("batch_size", "seed", "rank", "exact", "order"):
-            if name in ("exact", "order") and name not in state or name == "rank" and elastic:
-                continue  # states saved by earlier wdsmp do not say; any rank's state resumes elastically
-            mine = self.order if name == "order" else getattr(self.options, name)
-            if state.get(name) != mine:
+        options = self.options
+        elastic = state.get("world_size") != options.world_size
+        mine = {"batch_size": options.batch_size, "seed": options.seed, "rank": options.rank,
+                "exact": options.exact, "policy": options.policy, "shuffle": options.shuffle,
+                "shards": len(self.shards), "order": self.order}
+        for name, value in mine.items():
+            if name == "rank" and elastic:
+                continue  # any rank's state resumes on another number of ranks
+            if name not in state and name in _EARLIER:
+                if _EARLIER[name] is None:
+                    continue  # states saved by earlier wdsmp do not say; the rest is checked
+                state = dict(state, **{name: _EARLIER[name]})
+            if state.get(name) != value:
                 if name == "order":
                     raise ValueError(f"state was saved with the samples in {state[name]} order, this loader reads "
-                                     f"them in {mine} order: pass order={state[name]!r} to resume exactly")
+                                     f"them in {value} order: pass order={state[name]!r} to resume exactly")
                 raise ValueError(f"state was saved with {name}={state.get(name)!r}, this loader has "
-                                 f"{mine!r}: resuming exactly needs the same settings")
+                                 f"{value!r}: resuming exactly needs the same shards and settings")
         consumed, origin = state.get("worker_consumed"), state.get("origin")
         position = PlanPosition(state["epoch"], state["batches_done"], tuple(state["worker_batches"]),
                                 None if consumed is None else tuple(consumed),
@@ -433,6 +444,8 @@ class FastLoader:
         this loader's ranks; ValueError where that cannot be exact (NOTE [elastic resume])."""
         options, streams = self.options, len(position.worker_batches)
         why = None
+        if position.batches_done == 0 and position.origin is None:
+            return PlanPosition(position.epoch)  # nothing delivered: the epoch, planned for these ranks
         if self.plan(PlanPosition(position.epoch)).mode != "samples":
             why = "it needs exact epochs (every shard's sample count, exact=True, resampled=False)"
         elif position.origin is not None:
@@ -441,6 +454,9 @@ class FastLoader:
         elif options.shuffle_buffer > 1:
             why = (f"a shuffle buffer (shuffle_buffer={options.shuffle_buffer}) mixes what was delivered with "
                    f"what was not; the global order needs none (order='global')")
+        elif read is None or len(read) != streams or any(n and r is None
+                                                          for n, r in zip(position.worker_batches, read)):
+            why = "the state does not say how many samples each stream read (it was saved by an earlier wdsmp)"
         elif position.worker_batches != round_robin_share(position.batches_done, streams) or not _nothing_dropped(
                 position, read, options.batch_size):
             why = ("stages or the handler dropped samples, so the ranks' positions in the epoch differ and "
@@ -497,25 +513,7 @@ class FastLoader:
         return self._resources.closed
 
     def close(self) -> None:
-        """Stop the workers and free the shared memory (NOTE [sample order]
-    How an epoch's samples are ordered decides what a batch holds. Shards are
-    often written in label order (class by class, as ``ImageFolder`` lists
-    the files); read shard by shard through a shuffle buffer, a batch then
-    holds a few labels, and training suffers. So, with ``order="auto"`` (the
-    default) and ``shuffle`` on, an epoch whose shards can all be read at any
-    offset (local uncompressed files without link members) is a uniform
-    permutation of all its samples (``epochplan.SampleSequence``): each
-    worker reads its stretch of it, one ``pread`` per sample at the offsets
-    the header walk found (``samplespans.py``, kept with the counts), and the
-    shuffle buffer is off unless asked for. Exact epochs, equal batches on
-    every rank, ``len()`` and resuming are as in shard order. Otherwise
-    (remote shards, gzip, ``resampled``, ``exact=False``) the epoch is read
-    shard by shard, and the loader watches the first batches' labels: far
-    less varied than a uniform draw, it warns once (``variety.py``).
-    ``order="global"`` insists (and fetches remote shards into ``cache_dir``
-    first); ``order="shards"`` reads shard by shard, as webdataset does.
-
-NOTE [shutdown order]). Idempotent."""
+        """Stop the workers and free the shared memory (NOTE [shutdown order]). Idempotent."""
         self._finalizer()
 
     def __enter__(self):
@@ -536,6 +534,10 @@ NOTE [shutdown order]). Idempotent."""
         state = "closed" if self.closed else f"{options.num_workers} workers"
         return (f"FastLoader({len(self.shards)} shards, batch_size={options.batch_size}, "
                 f"image_size={options.image_size}, train={options.train}, {state})")
+
+
+# What a state saved by an earlier wdsmp, without the setting, was saved with (None: not known).
+_EARLIER = {"exact": None, "policy": None, "shuffle": None, "shards": None, "order": "shards"}
 
 
 def _nothing_dropped(position, read, batch_size):

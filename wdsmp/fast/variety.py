@@ -16,6 +16,7 @@ import numpy as np
 __all__ = ["LabelVariety", "expected_distinct"]
 
 BATCHES = 16  # batches watched: enough for a median, few enough to cost nothing
+MIN_EXPECTED = 3  # judged only where uniform batches would hold at least this many labels
 THRESHOLD = 0.7  # warn below this share of the distinct labels a uniform draw gives (well-mixed batches: ~1.0)
 
 
@@ -53,8 +54,8 @@ class LabelVariety:
         self.labels = []
         uniform = expected_distinct(counts, batch_size)
         seen = float(np.median(self.distinct))
-        if seen >= THRESHOLD * uniform:
-            return
+        if uniform < MIN_EXPECTED or seen >= THRESHOLD * uniform:
+            return  # too few labels per batch for a median of small counts to tell, or varied enough
         because = f" (the loader reads shard by shard: {self.why})" if self.why else ""
         warnings.warn(
             f"the first {BATCHES} batches hold a median of {seen:g} distinct labels, where batches drawn "

@@ -78,8 +78,9 @@ class WorkerConfig:
     there. ``planner``: the loader's ``EpochPlanner``, which turns each task's
     position into the epoch's plan; the shards' sample counts in it are
     checked as the shards are read (NOTE [stale counts] in ``ranges.py``). In global order
-    (``planner.order``), ``paths`` and ``spans`` are each shard's local file and its samples'
-    byte spans (``samplespans.SpanReader``), by shard number.
+    (``planner.order``), ``paths``, ``spans`` and ``files`` are each shard's local file, its
+    samples' byte spans and what identifies the version of the file they were found in
+    (``samplespans.SpanReader``), by shard number.
     """
 
     ring: str
@@ -96,6 +97,7 @@ class WorkerConfig:
     cache_dir: Optional[str] = None
     paths: Tuple[str, ...] = ()
     spans: Tuple[np.ndarray, ...] = ()
+    files: Tuple[Tuple[int, ...], ...] = ()
 
     @property
     def counts(self):
@@ -192,9 +194,14 @@ def _serve(worker, config, ring, inbox, outbox, where, clock):
             task = inbox.task()
             clock.restart()  # the time spent waiting for this epoch is nobody's
             plan = config.planner.plan(task.position)
-            streams = [_Stream(worker, config, plan.streams[s], ring, inbox, outbox, where, clock)
-                       for s in task.streams]
-            _run_streams(streams, outbox)
+            spans = SpanReader(config.paths, config.spans, clock.reads, config.files) if config.paths else None
+            try:
+                streams = [_Stream(worker, config, plan.streams[s], ring, inbox, outbox, where, clock, spans)
+                           for s in task.streams]
+                _run_streams(streams, outbox)
+            finally:
+                if spans is not None:
+                    spans.close()
     except _Stopped:
         raise
     except BaseException as exn:
@@ -245,21 +252,24 @@ def _located(exn, sample):
 class _Stream:
     """One stream of an epoch, run by one worker (NOTE [full batches])."""
 
-    def __init__(self, worker, config, plan, ring, inbox, outbox, where, clock):
+    def __init__(self, worker, config, plan, ring, inbox, outbox, where, clock, spans=None):
         self.worker, self.config, self.plan = worker, config, plan
+        self.spans = spans  # the worker's SpanReader, shared by its streams (global order)
         self.ring, self.inbox, self.outbox, self.where = ring, inbox, outbox, where
         self.clock = clock  # the worker's: where its time went since its last batch (NOTE [stage times])
         self.batch_size = config.layout.batch_size
         self.specs = {spec.name: spec for spec in config.layout.fields}
-        self.samples = self.skipped = self.padded = 0
+        self.samples = self.skipped = self.padded = self.taken = self.read = 0
         self.index = plan.skip_batches  # the number of the stream's next batch
         self.last_good = None  # a copy of the last row of the last full batch: {field: array}
         self.augment_seed = make_seed(plan.seed, "augment")  # each sample's draws come from it and its number
 
     def _handle(self, exn):
-        """The user's handler on a bad sample or shard: True to go on (counted as skipped)."""
+        """The user's handler on a bad sample or shard: True to go on (counted as skipped, and as a
+        sample read: a stream that skipped one no longer says by its counts which it delivered)."""
         if self.config.handler(exn):
             self.skipped += 1
+            self.read += 1
             return True
         return False
 
@@ -270,8 +280,7 @@ class _Stream:
         # resume by replaying the stream and dropping what was consumed (epochplan.py's NOTE).
         replay = config.shuffle_buffer > 1 or plan.consumed is not None
         if plan.order == "global":
-            reader = SpanReader(config.paths, config.spans, self.clock.reads)
-            samples = self._timed(read_positions(reader, self._announced(plan.samples(resume=not replay)),
+            samples = self._timed(read_positions(self.spans, self._announced(plan.samples(resume=not replay)),
                                                  self._handle))
         else:
             counts = config.counts
@@ -313,12 +322,17 @@ class _Stream:
             yield shard
 
     def _announced(self, refs):
-        """``refs`` (``StreamPlan.samples``) as ``(shard, index, url)``, announcing each change of
-        shard to the loader before its sample is read (``Reading``)."""
+        """``refs`` (``StreamPlan.samples``) as ``(shard, index, url)``, each noted in ``where``; the
+        shard is announced to the loader (``Reading``) at most once per batch of samples, where it
+        changed: consecutive samples come from different shards."""
+        since = self.batch_size
         for shard, index, url, _ in refs:
             if url != self.where.url:
                 self.where.url, self.where.member = url, None
-                self.outbox.put(Reading(self.worker, url))
+                if since >= self.batch_size:
+                    self.outbox.put(Reading(self.worker, url))
+                    since = 0
+            since += 1
             yield shard, index, url
 
     def run(self):
