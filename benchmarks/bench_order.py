@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 import wdsmp
+from bench_shardcount import drop_from_page_cache, read_through  # beside this script
 from wdsmp.fast.variety import expected_distinct
 from wdsmp.shardindex import shard_counts
 
@@ -62,16 +63,6 @@ def _run(urls, order, batch):
     result = subprocess.run([sys.executable, "-c", RUN, ",".join(urls), order, str(batch)], capture_output=True,
                             text=True, check=True)
     return json.loads(result.stdout.splitlines()[-1])
-
-
-def _drop(paths):
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def label_ordered(urls, directory, per_shard, fold):
@@ -143,12 +134,9 @@ def main():
                 for _ in range(args.rounds):
                     for order in rates:
                         if temperature == "cold":
-                            _drop(urls)
+                            drop_from_page_cache(urls)
                         else:
-                            for url in urls:  # read once: in the page cache
-                                with open(url, "rb") as stream:
-                                    while stream.read(1 << 24):
-                                        pass
+                            read_through(urls)
                         rates[order].append(_run(urls, order, args.batch)["images_per_s"])
                 g, s = statistics.median(rates["global"]), statistics.median(rates["shards"])
                 print(f"   {temperature}: global {g:.0f} images/s, shards {s:.0f} images/s: ratio {g / s:.3f} "

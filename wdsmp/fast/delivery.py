@@ -86,6 +86,9 @@ __all__ = ["Delivery", "EpochIterator"]
 _POLL = 0.5  # seconds between liveness checks while waiting for a batch
 
 
+_ENDS_WAIT = 1.0  # seconds the last batch waits for the streams' ends that follow it (milliseconds as a rule)
+
+
 class Delivery:
     """One epoch's delivery (NOTE [loader protocol]): the batches of ``plan`` (an ``EpochPlan``),
     made by ``workers`` (``resources.Workers``, their tasks sent), where ``streams[w]`` are the
@@ -191,12 +194,23 @@ class Delivery:
             raise
         self.delivered[stream] += 1
         self.stats.add_batch(message, perf_counter_ns() - waiting, self.plan.epoch)
+        if not self.all_taken and self._last_batch_delivered():
+            self._await_ends()
         if self.variety is not None and not self.variety.done:
             labels = self.slots.labels(message)
             if labels is not None:
                 self.variety.observe(labels)
         self.all_taken = self.all_taken or self._last_batch_delivered()
         return message
+
+    def _await_ends(self):
+        """Every planned batch is made: read the streams' ends, which follow their last batches at
+        once, so that the next epoch goes ahead now (NOTE [next epoch ahead]), not at the next
+        ``next()``, which may never come before the training loop's last steps."""
+        deadline = time.monotonic() + _ENDS_WAIT
+        while not self.all_made and self._listening() and time.monotonic() < deadline:
+            for worker, message in self.workers.pool.receive(self._listening(), deadline - time.monotonic()):
+                self._dispatch(worker, message)
 
     def _last_batch_delivered(self):
         """Whether every stream's planned batches are taken (known counts only)."""
