@@ -21,3 +21,15 @@ def test_every_page_is_in_the_navigation():
     config = yaml.safe_load((ROOT / "mkdocs.yml").read_text().split("\nplugins:")[0])  # the plain part
     pages = {page for entry in config["nav"] for page in entry.values()}
     assert pages == {path.name for path in (ROOT / "docs").glob("*.md")}
+
+
+def test_every_fastloader_parameter_is_documented():
+    """The API reference is FastLoader's docstring: each of its parameters is named there."""
+    import inspect
+
+    import wdsmp
+
+    doc = inspect.getdoc(wdsmp.FastLoader)
+    undocumented = [name for name in inspect.signature(wdsmp.FastLoader.__init__).parameters
+                    if name != "self" and f"``{name}" not in doc]
+    assert undocumented == []

@@ -122,11 +122,16 @@ class FastLoader:
     3.7 in an int), else the sample is an error (``values.py``).
 
     Images: ``train=True`` draws RandomResizedCrop(``scale``, ``ratio``) boxes and flips with
-    probability ``flip``; ``train=False`` resizes the short side to ``image_size /
-    resize_ratio`` and takes the centre crop, as torchvision's eval transforms do. Batches
-    are uint8 NHWC (``channels_first=True``: NCHW views) and int64 labels.
+    probability ``flip``; ``train=False`` resizes the short side to ``image_size`` /
+    ``resize_ratio`` (0.875) and takes the centre crop, as torchvision's eval transforms do.
+    ``dct_scaling=True`` lets libjpeg-turbo decode a JPEG at 1/2, 1/4 or 1/8 of its size when
+    the crop is that much smaller than the output, and resize from there (less work; the
+    image is nearly the same, not bit for bit). Batches of ``batch_size`` (256) images are
+    uint8 NHWC (``channels_first=True``: NCHW views) and int64 labels; each worker keeps
+    ``prefetch`` (2) batches in flight in the shared ring.
 
-    More per sample: ``keys=True`` gives each batch its sample keys; ``fields={name:
+    More per sample: ``keys=True`` gives each batch its sample keys (at most ``key_length``,
+    128, bytes each); ``fields={name:
     (source, shape, dtype)}`` declares fixed-shape arrays (``source``: an extension with
     ``.npy`` bytes or numbers as text, or a function ``sample -> array``); ``stages`` are
     iterator -> iterator functions (``wdsmp.select(...)``, ``wdsmp.map(...)``) run on the
