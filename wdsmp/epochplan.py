@@ -535,19 +535,18 @@ def _samples_plan(table, order, position, rank, world, nstreams, bsize, policy, 
     done = _consumed(position, shares)
     first = rank * budget
     if sequence is None:  # each stream a run of the rank's share: its shards read front to back
-        parts, start = [], first
+        ranges, start = [], first
         for w in range(nstreams):
-            parts.append(space(start, start + shares[w] * bsize))
+            runs = space(start, start + shares[w] * bsize)
+            ranges.append(tuple(r for a, b in runs for r in _slice(entries, cum, a, b)))
             start += shares[w] * bsize
-    else:  # batch i of the rank from stream i % S: the first d batches are the first d * B positions
-        parts = [tuple(run for i in range(w, nbatches, nstreams)
-                       for run in space(first + i * bsize, first + (i + 1) * bsize)) for w in range(nstreams)]
-    if sequence is None:
-        ranges = [tuple(r for a, b in runs for r in _slice(entries, cum, a, b)) for runs in parts]
         dropped = tuple(r for a, b in left for r in _slice(entries, cum, a, b))
         return nbatches, shares, done, ranges, [()] * nstreams, dropped
+    # Batch i of the rank from stream i % S: the first d batches are the first d * B positions.
+    spans = [tuple(run for i in range(w, nbatches, nstreams)
+                   for run in space(first + i * bsize, first + (i + 1) * bsize)) for w in range(nstreams)]
     dropped = tuple(r for a, b in left for r in sequence.ranges(a, b))
-    return nbatches, shares, done, [()] * nstreams, parts, dropped
+    return nbatches, shares, done, [()] * nstreams, spans, dropped
 
 
 def _shards_plan(table, order, position, rank, world, nstreams, policy):

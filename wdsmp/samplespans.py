@@ -40,8 +40,11 @@ class SampleFiles(NamedTuple):
 
     paths: Tuple[str, ...]
     spans: Tuple[np.ndarray, ...]
-    counts: Tuple[int, ...]
     files: Tuple[Tuple[int, ...], ...]
+
+    @property
+    def counts(self) -> Tuple[int, ...]:
+        return tuple(len(spans) for spans in self.spans)
 
 
 def locate_samples(urls, cache_dir=None, handler=reraise_exception, fetch=False):
@@ -50,21 +53,21 @@ def locate_samples(urls, cache_dir=None, handler=reraise_exception, fetch=False)
     is read from the shard cache in ``cache_dir``, fetched there first (whole, once) when
     ``fetch`` is true; else it is refused. The spans are kept with the counts
     (``shardcount.CountCache``)."""
-    paths = []
+    paths, cache = [], None
     for url in urls:
         path = local_path(url)
         if path is None:
             if not fetch or cache_dir is None:
                 return None, (f"{redacted(url)} is remote; order='global' with cache_dir=... fetches remote "
                               f"shards into the cache to shuffle every sample")
-            path = FileCache(cache_dir, verbose=_env.gopen_verbose()).get_file(url)
+            cache = cache or FileCache(cache_dir, verbose=_env.gopen_verbose())
+            path = cache.get_file(url)
         paths.append(path)
     walks = walk_local_shards(paths, cache_dir, handler, spans=True)
     for url, path in zip(urls, paths):
         if walks[path].spans is None:
             return None, f"{redacted(url)}: {walks[path].why}"
-    return SampleFiles(tuple(paths), tuple(walks[p].spans for p in paths), tuple(walks[p].count for p in paths),
-                       tuple(walks[p].file for p in paths)), None
+    return SampleFiles(tuple(paths), tuple(walks[p].spans for p in paths), tuple(walks[p].file for p in paths)), None
 
 
 class SpanReader:

@@ -195,12 +195,12 @@ class Delivery:
         self.delivered[stream] += 1
         self.stats.add_batch(message, perf_counter_ns() - waiting, self.plan.epoch)
         if not self.all_taken and self._last_batch_delivered():
+            self.all_taken = True
             self._await_ends()
         if self.variety is not None and not self.variety.done:
             labels = self.slots.labels(message)
             if labels is not None:
                 self.variety.observe(labels)
-        self.all_taken = self.all_taken or self._last_batch_delivered()
         return message
 
     def _await_ends(self):

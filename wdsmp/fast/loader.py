@@ -546,11 +546,11 @@ _EARLIER = {"exact": None, "policy": None, "shuffle": None, "shards": None, "ord
 
 
 def _nothing_dropped(position, read, batch_size):
-    """Whether each stream of ``position`` read (``read``: its state's ``worker_read``) and took
-    exactly the samples of the batches it delivered: then the position says which samples they were."""
+    """Whether each stream of ``position`` read (``read``: its state's ``worker_read``, one per
+    stream) and took exactly the samples of the batches it delivered: then the position says which
+    samples they were."""
     consumed = position.worker_consumed
-    return all(n == 0 or (consumed is not None and consumed[s] == n * batch_size and read is not None
-                          and len(read) == len(position.worker_batches) and read[s] == n * batch_size)
+    return all(n == 0 or (consumed is not None and consumed[s] == read[s] == n * batch_size)
                for s, n in enumerate(position.worker_batches))
 
 
