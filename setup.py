@@ -1,6 +1,6 @@
 """Builds wdsmp's native core from src/ext (Cython and C); everything else is in pyproject.toml.
 
-``wdsmp._jpegregion`` links the system's libjpeg-turbo: it is built only when a
+``wdsmp.native._jpegregion`` links the system's libjpeg-turbo: it is built only when a
 small test program using its region functions compiles and links here, and
 skipped otherwise (with a notice), in which case wdsmp decodes whole JPEGs with
 simplejpeg.
@@ -15,7 +15,7 @@ from setuptools.command.build_ext import build_ext
 from setuptools.errors import CompileError, LinkError
 
 # The extension that needs libjpeg-turbo's headers and library.
-JPEG_REGION = "wdsmp._jpegregion"
+JPEG_REGION = "wdsmp.native._jpegregion"
 
 # 2.1 or later: earlier releases have bugs in jpeg_skip_scanlines (see its ChangeLog).
 _JPEG_PROBE = """\
@@ -60,7 +60,7 @@ def _libjpeg_turbo_usable(compiler):
 
 
 class BuildExt(build_ext):
-    """build_ext that drops ``wdsmp._jpegregion`` when libjpeg-turbo is not usable, and builds
+    """build_ext that drops ``wdsmp.native._jpegregion`` when libjpeg-turbo is not usable, and builds
     the extensions side by side, one per CPU, unless ``--parallel`` says otherwise (a build is
     four large generated C files: about half the time on 2 cores)."""
 
@@ -83,12 +83,12 @@ class BuildExt(build_ext):
 # and for rebuilding when one changes.
 extensions = [
     Extension(
-        "wdsmp._tarsplit",
+        "wdsmp.native._tarsplit",
         ["src/ext/_tarsplit.pyx"],
         extra_compile_args=["-O3"],
     ),
     Extension(
-        "wdsmp._imgops",
+        "wdsmp.native._imgops",
         ["src/ext/_imgops.pyx", "src/ext/imgops_kernels.c"],
         include_dirs=["src/ext"],
         depends=["src/ext/imgops_kernels.h"],
@@ -97,7 +97,7 @@ extensions = [
         extra_compile_args=["-O3", "-ffp-contract=off"],
     ),
     Extension(
-        "wdsmp._pilimage",
+        "wdsmp.native._pilimage",
         ["src/ext/_pilimage.pyx"],
         extra_compile_args=["-O3"],
     ),

@@ -4,7 +4,7 @@ Usage::
 
     python benchmarks/bench_dropin.py --corpus /tmp/wdsmp-corpus [--images 512] [--rounds 3]
 
-The user code of ``wdsmp.benchmark.user_webdataset_loader`` (``WebDataset(urls)
+The user code of ``wdsmp.bench.loader.user_webdataset_loader`` (``WebDataset(urls)
 .decode("pil").to_tuple("jpg;ppm", "cls").map_tuple(transform, int).batched(256)``, shuffles
 left out so that both libraries see the same samples) is run in this process, one core, as
 longer and longer prefixes: reading (tar, grouping), then decoding, then the whole pipeline
@@ -24,7 +24,7 @@ import statistics
 import time
 
 import wdsmp
-from wdsmp.benchmark import CROP_SIZE, CropFlipToTensor, open_corpus
+from wdsmp.bench.loader import CROP_SIZE, CropFlipToTensor, open_corpus
 
 # Each part: its name and the prefix (steps of the pipeline) that ends with it.
 PARTS = (("read tar, group", 1), ("decode(\"pil\")", 2), ("to_tuple, map_tuple(transform, int), batched(256)", 5))

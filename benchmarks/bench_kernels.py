@@ -26,9 +26,9 @@ import numpy as np
 import PIL.Image
 import simplejpeg
 
-from wdsmp import _imgops_py
+from wdsmp.native import imgops_py as _imgops_py
 from wdsmp.fast.imagedecode import decode_into
-from wdsmp.native import imgops_module, jpeg_region_available, native_available
+from wdsmp.native.core import imgops_module, jpeg_region_available, native_available
 
 from photos import photo  # beside this script
 

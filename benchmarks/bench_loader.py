@@ -7,7 +7,7 @@ Usage::
         [--seconds 20] [--warmup 5] [--rounds 3] [--plot loader-bench.png] [--record]
 
 The measurement (what the contenders are, how each figure is taken) is
-``wdsmp.benchmark``, which ``wdsmp bench`` runs too; this script runs it from a
+``wdsmp.bench.loader``, which ``wdsmp bench`` runs too; this script runs it from a
 checkout and, with ``--record``, appends a dated section with the command,
 corpus and table to ``benchmarks/RESULTS.md``. Both draw the run (images/s over
 time, time per image by stage) to ``--plot`` when matplotlib is installed
@@ -20,7 +20,7 @@ import os
 import sys
 import textwrap
 
-from wdsmp import benchmark
+from wdsmp.bench import loader as benchmark
 from wdsmp.cli.bench import add_arguments, timings
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "RESULTS.md")

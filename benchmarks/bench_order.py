@@ -33,7 +33,7 @@ import numpy as np
 import wdsmp
 from bench_shardcount import drop_from_page_cache, read_through  # beside this script
 from wdsmp.fast.variety import expected_distinct
-from wdsmp.shardindex import shard_counts
+from wdsmp.shards.index import shard_counts
 
 RUN = """import json, sys, time
 start = time.perf_counter()

@@ -16,7 +16,7 @@ for each ``--tree`` checkout (put first on ``PYTHONPATH``; default: the installe
   shards, shardshuffle=100).shuffle(1000).decode("pil").to_tuple("jpg", "cls").map_tuple(
   transform, int).batched(256)`` in a ``DataLoader(num_workers=W, batch_size=None)``, the
   transform torchvision's RandomResizedCrop(224), flip and ToTensor written with PIL, numpy and
-  torch: ``wdsmp.benchmark.CropFlipToTensor``, of the wdsmp running this script, copied beside
+  torch: ``wdsmp.bench.loader.CropFlipToTensor``, of the wdsmp running this script, copied beside
   the script so that every tree runs the same one) with ``import wdsmp as wds``, one epoch;
 
 and once per round, the same pipeline with ``import webdataset as wds`` (webdataset 1.0.2);
@@ -35,7 +35,7 @@ import subprocess
 import sys
 import tempfile
 
-from wdsmp import benchmark
+from wdsmp.bench import loader as benchmark
 
 FASTLOADER = """
 import glob, json, sys, time

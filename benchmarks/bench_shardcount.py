@@ -1,4 +1,4 @@
-"""How long local shards take to count themselves (``wdsmp.shardcount``): what a FastLoader or
+"""How long local shards take to count themselves (``wdsmp.epochs.counts``): what a FastLoader or
 ``ExactSamples`` on plain local shard URLs spends at construction before its epochs are exact.
 
 The corpus is ImageNet's shape: ``--shards`` shards of ``--samples`` samples, each a ``.jpg``
@@ -30,8 +30,8 @@ import tarfile
 import tempfile
 import time
 
-from wdsmp.native import native_available, tar_headers_class
-from wdsmp.shardcount import count_local_shards
+from wdsmp.native.core import native_available, tar_headers_class
+from wdsmp.epochs.counts import count_local_shards
 from wdsmp.tariterators import sample_count
 
 BLOCK = 512

@@ -18,7 +18,7 @@ and the median of the rounds is reported, with the lowest beside it. The parts:
   process's first call, and the mean of the following ones), and a whole batch decoded,
   cropped and written into a slot row by row, as one worker makes the first batch alone;
 - end to end, in a script that imports torch and wdsmp as a training script does
-  (``wdsmp.coldstart``): construction, first batch from construction, and the first batch of
+  (``wdsmp.bench.coldstart``): construction, first batch from construction, and the first batch of
   a new epoch of the same loader (workers kept), after a whole epoch; and the first batch
   again with ``start_method="fork"`` (workers forked from the script itself, no interpreter
   to start).
@@ -32,7 +32,7 @@ import subprocess
 import sys
 import textwrap
 
-from wdsmp.coldstart import first_batches
+from wdsmp.bench.coldstart import first_batches
 
 # Each probe runs in a fresh interpreter and prints its figures (seconds) as JSON.
 _IMPORTS = {
@@ -50,9 +50,9 @@ _PARTS = textwrap.dedent("""
     from wdsmp.fast.layout import BatchLayout, FieldSpec
     from wdsmp.fast.options import DecodeOptions
     from wdsmp.fast.ring import Ring
-    from wdsmp.epochplan import plan_epoch
-    from wdsmp.ranges import read_ranges
-    from wdsmp.shardindex import shard_counts
+    from wdsmp.epochs.plan import plan_epoch
+    from wdsmp.epochs.ranges import read_ranges
+    from wdsmp.shards.index import shard_counts
 
     index, batch_size, workers, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     figures = {}

@@ -15,8 +15,8 @@ import sys
 import tarfile
 import time
 
-from wdsmp import _tarsplit_py
-from wdsmp.native import native_available, tar_splitter_class
+from wdsmp.native import tarsplit_py as _tarsplit_py
+from wdsmp.native.core import native_available, tar_splitter_class
 from wdsmp.writer import TarWriter
 
 CORPORA = {

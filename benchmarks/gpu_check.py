@@ -181,7 +181,7 @@ def simple_corpus(directory, images, shards):
     import simplejpeg
 
     from wdsmp import TarWriter
-    from wdsmp.shardindex import write_index
+    from wdsmp.shards.index import write_index
 
     os.makedirs(directory, exist_ok=True)
     rng = np.random.default_rng(0)
@@ -283,10 +283,10 @@ def late_copies(gpu):
 
 
 def step_environment():
-    import wdsmp.native
+    import wdsmp.native.core
 
     info = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
-            "cpus": len(os.sched_getaffinity(0)), "native_core": wdsmp.native.native_available()}
+            "cpus": len(os.sched_getaffinity(0)), "native_core": wdsmp.native.core.native_available()}
     if torch.cuda.is_available():
         info.update(device=torch.cuda.get_device_name(), devices=torch.cuda.device_count())
     return info

@@ -11,7 +11,7 @@ import tarfile
 import psutil
 import pytest
 
-import wdsmp.native
+import wdsmp.native.core
 from tests.servers import _file_server, _moto_server, _proxy_server, http_proxy, http_server, s3_server  # noqa: F401
 from tests.servers import without_proxies
 
@@ -23,7 +23,7 @@ def impl(request, monkeypatch):
         monkeypatch.setenv("WDSMP_PUREPYTHON", "1")
     else:
         monkeypatch.delenv("WDSMP_PUREPYTHON", raising=False)
-        if not wdsmp.native.native_available():
+        if not wdsmp.native.core.native_available():
             pytest.skip("native core not built")
     return request.param
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from wdsmp._braces import expand_braces, fnmatch_with_braces, glob_with_braces
+from wdsmp._internal.braces import expand_braces, fnmatch_with_braces, glob_with_braces
 
 
 def test_expand_braces():

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import wdsmp as wds
-from wdsmp.cbors import (
+from wdsmp.datasets.cbors import (
     _cbor_items,
     _msgpack_items,
     cbors_samples,

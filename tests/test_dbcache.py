@@ -1,4 +1,4 @@
-"""Tests of wdsmp.dbcache.DBCache: a real SQLite file, real shards, real processes."""
+"""Tests of wdsmp.datasets.dbcache.DBCache: a real SQLite file, real shards, real processes."""
 
 import multiprocessing
 import pickle
@@ -8,7 +8,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import wdsmp
-from wdsmp.dbcache import DBCache
+from wdsmp.datasets.dbcache import DBCache
 from wdsmp.pipeline import DataPipeline
 from wdsmp.shardlists import SimpleShardList
 from wdsmp.tariterators import tarfile_to_samples
@@ -160,7 +160,7 @@ def test_same_keys_in_different_shards_are_different_samples(tmp_path):
 
 def _keyed_by_key_alone(path, samples, exhausted=False):
     """A cache file as an older wdsmp left it: samples keyed by ``__key__`` alone, no key scheme."""
-    codec = wdsmp.samplecodec.SampleCodec("test")
+    codec = wdsmp.formats.samplecodec.SampleCodec("test")
     db = sqlite3.connect(path)
     db.execute("CREATE TABLE samples (id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, data BLOB NOT NULL)")
     db.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
@@ -310,7 +310,7 @@ def test_samples_are_stored_without_pickle_and_a_hostile_file_runs_nothing_in_se
 
 
 def test_plain_records_are_checked_as_they_are_read():
-    from wdsmp.samplecodec import decode_plain, encode_plain
+    from wdsmp.formats.samplecodec import decode_plain, encode_plain
 
     good = encode_plain({"a": [1, b"x"]})
     for bad in (good[:-1], good + b"\0", b"WDSP1Z", b"WDSP1b" + (1 << 40).to_bytes(8, "little")):

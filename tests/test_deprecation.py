@@ -2,7 +2,7 @@
 
 import pytest
 
-from wdsmp._deprecation import ObsoleteException, deprecated, obsolete
+from wdsmp._internal.deprecation import ObsoleteException, deprecated, obsolete
 
 
 def test_deprecated_warns_and_calls():

@@ -16,7 +16,7 @@ import simplejpeg
 
 import wdsmp as wds
 from wdsmp.fast.ring import SHM_DIR
-from wdsmp.shardindex import write_index
+from wdsmp.shards.index import write_index
 
 SIZES = (10, 50, 23, 37, 8)  # unequal
 BATCH, WORLD = 4, 2

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from wdsmp.epochplan import POLICIES, PlanPosition, plan_epoch, round_robin_share, shard_order
+from wdsmp.epochs.plan import POLICIES, PlanPosition, plan_epoch, round_robin_share, shard_order
 
 SETTINGS = settings(max_examples=150, deadline=None)
 counts_st = st.lists(st.integers(0, 30), min_size=1, max_size=10)

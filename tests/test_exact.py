@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 import wdsmp as wds
-from wdsmp.shardindex import write_index
+from wdsmp.shards.index import write_index
 
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on 2 cores
 

@@ -24,7 +24,7 @@ import simplejpeg
 import torch
 
 import wdsmp
-from wdsmp.shardindex import write_index
+from wdsmp.shards.index import write_index
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]  # docs pages that include files run none

@@ -1,4 +1,4 @@
-"""Pipeline stages (wdsmp.filters, with wdsmp.fields, wdsmp.batching, wdsmp._stages).
+"""Pipeline stages (wdsmp.filters, with wdsmp.stages.fields, wdsmp.stages.batching, wdsmp.stages.base).
 
 Each stage's generator is run on lists of dicts; a few tests run stages
 through DataPipeline on real shards written with wdsmp's TarWriter.
@@ -15,8 +15,8 @@ import torch
 from PIL import Image
 
 import wdsmp
-import wdsmp.batching as B
-import wdsmp.fields as FL
+import wdsmp.stages.batching as B
+import wdsmp.stages.fields as FL
 import wdsmp.filters as F
 from wdsmp.errors import DecodeError, SampleError
 from wdsmp.handlers import ignore_and_continue, ignore_and_stop, reraise_exception

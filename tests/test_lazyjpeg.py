@@ -1,4 +1,4 @@
-"""decode("pil")'s lazy JPEG images (``wdsmp/_lazyjpeg.py``): a crop or a resize that decodes only
+"""decode("pil")'s lazy JPEG images (``wdsmp/images/lazyjpeg.py``): a crop or a resize that decodes only
 its region gives Pillow's result byte for byte, and everything else behaves as the plain image
 webdataset's decode("pil") returns."""
 
@@ -16,8 +16,9 @@ import PIL.Image
 import pytest
 import simplejpeg
 
-from wdsmp import autodecode, native
-from wdsmp._lazyjpeg import LazyJpegImage, crop_region, one_clean_scan, resize_region
+from wdsmp import autodecode
+from wdsmp.native import core as native
+from wdsmp.images.lazyjpeg import LazyJpegImage, crop_region, one_clean_scan, resize_region
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
 from photos import photo  # noqa: E402
@@ -106,7 +107,7 @@ def test_photographs_through_the_benchmark_transforms_equal_webdatasets():
     """RandomResizedCrop as the benchmark writes it (resize with a box) and as torchvision does it
     (crop, then resize), on wdsmp's decode("pil") and webdataset's, with the same random draws."""
     webdataset = pytest.importorskip("webdataset")
-    from wdsmp.benchmark import CropFlipToTensor, RandomResizedCropFlip
+    from wdsmp.bench.loader import CropFlipToTensor, RandomResizedCropFlip
 
     def torchvision_style(image, box):
         return np.asarray(image.crop(box).resize((64, 64), PIL.Image.Resampling.BILINEAR))
@@ -161,7 +162,7 @@ def test_regions_not_bounded_decode_whole():
 
 @needs_regions
 def test_decode_region_into_writes_only_the_region():
-    from wdsmp import _jpegregion
+    from wdsmp.native import _jpegregion
 
     pixels = photo(64, 96, seed=2)
     data = simplejpeg.encode_jpeg(pixels, 90, colorsubsampling="420")
@@ -362,7 +363,7 @@ def overflowing_huffman_table(data):
 def test_damaged_tables_fail_in_decode_as_pillows_load_fails():
     """Damage before the image data that only libjpeg-turbo sees fails in ``decode``, as webdataset's
     ``load`` does, not at the first use of a lazy image."""
-    from wdsmp import _jpegregion
+    from wdsmp.native import _jpegregion
 
     data = pillow_jpeg(photo(40, 60, seed=3), quality=90)
     bad = overflowing_huffman_table(data)

@@ -3,8 +3,8 @@
 import random
 
 import wdsmp as wds
-from wdsmp.epochplan import ShardRange
-from wdsmp.ranges import buffer_shuffled, read_ranges
+from wdsmp.epochs.plan import ShardRange
+from wdsmp.epochs.ranges import buffer_shuffled, read_ranges
 
 
 def _shards(directory, sizes):

@@ -14,7 +14,7 @@ import wdsmp as wds
 from tests.servers import aws_environment
 from wdsmp.errors import PipeError, ShardError
 from wdsmp.gopen import Pipe, ais_object_url, gopen, gopen_curl, rewrite_url, set_options
-from wdsmp.remote import HTTPReader, RemoteOptions, refused_here
+from wdsmp.storage.remote import HTTPReader, RemoteOptions, refused_here
 
 DATA = bytes(range(256)) * 4099  # ~1 MiB, not a multiple of any buffer size
 BIG = bytes(range(251)) * 12289  # ~3 MiB: a fault after 1.5 MB comes after whole 1 MiB reads
@@ -145,7 +145,7 @@ def test_messages_mask_the_password_of_a_url(http_server, tmp_path, capsys):
     ("s3://bucket/key", "s3://bucket/key"),
 ])
 def test_what_messages_show_of_a_url(given, shown):
-    from wdsmp._redact import redacted
+    from wdsmp._internal.redact import redacted
 
     assert redacted(given) == shown
 

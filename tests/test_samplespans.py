@@ -1,4 +1,4 @@
-"""Samples read alone by their byte spans (``samplespans.py``) are the samples a shard read front to
+"""Samples read alone by their byte spans (``wdsmp/epochs/spans.py``) are the samples a shard read front to
 back gives, in every tar dialect the reader knows; shards that cannot be read so say why."""
 
 import gzip
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from wdsmp.errors import SampleError, ShardError, TarFormatError
-from wdsmp.samplespans import SpanReader, locate_samples, read_positions
-from wdsmp.shardcount import walk_local_shard
+from wdsmp.epochs.spans import SpanReader, locate_samples, read_positions
+from wdsmp.epochs.counts import walk_local_shard
 from wdsmp.tariterators import tarfile_samples
 
 from .conftest import tar_bytes, write_tar

@@ -6,11 +6,11 @@ import sys
 
 import pytest
 
-from wdsmp._seeding import make_seed
+from wdsmp._internal.seeding import make_seed
 
 
 def test_make_seed_is_stable_across_processes():
-    code = "from wdsmp._seeding import make_seed; print(make_seed('shard', 3, b'x', 1.5, (1, 'a')))"
+    code = "from wdsmp._internal.seeding import make_seed; print(make_seed('shard', 3, b'x', 1.5, (1, 'a')))"
     outputs = set()
     for hashseed in ("1", "2"):
         env = dict(os.environ, PYTHONHASHSEED=hashseed)
@@ -25,7 +25,7 @@ def test_make_seed_is_stable_across_processes():
 
 
 def test_sample_draws_are_fixed_by_seed_and_number_and_look_uniform():
-    from wdsmp._seeding import SampleDraws
+    from wdsmp._internal.seeding import SampleDraws
 
     first = [SampleDraws(7, n).random() for n in range(20000)]
     assert first == [SampleDraws(7, n).random() for n in range(20000)]  # the same wherever made

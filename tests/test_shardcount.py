@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 import wdsmp as wds
 from wdsmp.errors import ShardError, TarFormatError
-from wdsmp.shardcount import CountCache, count_local_shard, count_local_shards, known_counts
-from wdsmp.shardindex import write_index
+from wdsmp.epochs.counts import CountCache, count_local_shard, count_local_shards, known_counts
+from wdsmp.shards.index import write_index
 from wdsmp.tariterators import tarfile_samples
 
 from .conftest import tar_bytes

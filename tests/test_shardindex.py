@@ -6,7 +6,7 @@ import os
 import pytest
 
 import wdsmp
-from wdsmp.shardindex import (INDEX_NAME, is_index, read_index, relative_url, resolve_url, shard_counts,
+from wdsmp.shards.index import (INDEX_NAME, is_index, read_index, relative_url, resolve_url, shard_counts,
                               write_atomic, write_index)
 
 

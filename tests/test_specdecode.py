@@ -1,5 +1,5 @@
 """Image specs decode to what Pillow gives, value for value (NOTE [same pixels] in
-``wdsmp/_specdecode.py``): the reference below is webdataset's recipe (open, load, convert, then
+``wdsmp/images/specdecode.py``): the reference below is webdataset's recipe (open, load, convert, then
 ``numpy.asarray`` for arrays), written here with Pillow alone, so the suite needs no webdataset."""
 
 import io
@@ -12,8 +12,10 @@ import pytest
 import simplejpeg
 import torch
 
-from wdsmp import _pilimage_py, autodecode, native
-from wdsmp._specdecode import jpeg_image
+from wdsmp import autodecode
+from wdsmp.native import pilimage_py as _pilimage_py
+from wdsmp.native import core as native
+from wdsmp.images.specdecode import jpeg_image
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks"))
 from photos import photo  # noqa: E402
@@ -143,7 +145,7 @@ def test_pil_images_over_decoded_pixels_native_and_twin(impl):
 
 
 def test_the_native_image_shares_the_pixels_and_lets_them_go():
-    compiled = pytest.importorskip("wdsmp._pilimage")
+    compiled = pytest.importorskip("wdsmp.native._pilimage")
     if not hasattr(PIL.Image, "fromarrow"):
         pytest.skip("Pillow before 11.2 builds no images over shared memory")
     pixels = np.full((4, 6, 4), 255, np.uint8)

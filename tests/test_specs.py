@@ -9,7 +9,7 @@ import pytest
 from torch.utils.data import DataLoader
 
 import wdsmp as wds
-from wdsmp.specs import CollectionSpec, DatasetSpec, SpecError, SpecMix, load_spec, spec_dataset
+from wdsmp.datasets.specs import CollectionSpec, DatasetSpec, SpecError, SpecMix, load_spec, spec_dataset
 
 YAML_SPEC = """\
 dataset:

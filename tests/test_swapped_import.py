@@ -1,4 +1,4 @@
-"""The loader benchmark's user pipeline (``wdsmp.benchmark.user_webdataset_loader``: decode("pil"),
+"""The loader benchmark's user pipeline (``wdsmp.bench.loader.user_webdataset_loader``: decode("pil"),
 to_tuple, a torchvision-like crop, flip and to-tensor, batched, in a DataLoader with two workers;
 here after turning each image upright by its EXIF orientation) gives the same batches with
 ``import wdsmp as wds`` as with webdataset 1.0.2 (skipped without it), and wdsmp's batches leave
@@ -14,7 +14,7 @@ import torch
 import torch.utils.data
 
 import wdsmp
-from wdsmp.benchmark import CropFlipToTensor
+from wdsmp.bench.loader import CropFlipToTensor
 
 try:
     import webdataset

@@ -2,7 +2,7 @@
 
 import pytest
 
-from wdsmp._symbols import lookup_sym, safe_eval
+from wdsmp._internal.symbols import lookup_sym, safe_eval
 
 
 def test_lookup_sym():

@@ -11,15 +11,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import wdsmp
-from wdsmp import _tarsplit_py
+from wdsmp.native import tarsplit_py as _tarsplit_py
 from wdsmp.errors import TarFormatError
-from wdsmp.native import tar_headers_class
-from wdsmp.tarformat import BLOCK
+from wdsmp.native.core import tar_headers_class
+from wdsmp.formats.tar import BLOCK
 
 from .conftest import tar_bytes
 
 try:  # compared directly, whatever WDSMP_PUREPYTHON says
-    from wdsmp import _tarsplit
+    from wdsmp.native import _tarsplit
 except ImportError:
     _tarsplit = None
 

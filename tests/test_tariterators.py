@@ -206,11 +206,11 @@ def test_curried_stage_runs(impl, tmp_path):
 
 def test_native_selection(monkeypatch):
     monkeypatch.setenv("WDSMP_PUREPYTHON", "1")
-    assert not wdsmp.native.native_available()
+    assert not wdsmp.native.core.native_available()
     monkeypatch.delenv("WDSMP_PUREPYTHON")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        wdsmp.native.native_available()  # whatever the build, it answers without raising
+        wdsmp.native.core.native_available()  # whatever the build, it answers without raising
 
 
 def count_both(monkeypatch, urls, **kw):

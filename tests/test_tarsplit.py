@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import wdsmp
-from wdsmp import _tarsplit_py
-from wdsmp.native import tar_splitter_class
-from wdsmp.tarformat import BLOCK
+from wdsmp.native import tarsplit_py as _tarsplit_py
+from wdsmp.native.core import tar_splitter_class
+from wdsmp.formats.tar import BLOCK
 
 from .conftest import tar_bytes
 
@@ -154,7 +154,7 @@ def test_members_without_data_of_their_own_are_errors_naming_them(impl, kind, na
 
 
 def test_a_hard_link_further_back_than_the_window_is_an_error(impl):
-    from wdsmp.tarformat import LINK_WINDOW
+    from wdsmp.formats.tar import LINK_WINDOW
 
     filler = [(f"f{i}.bin", bytes(1 << 20)) for i in range(LINK_WINDOW // (1 << 20) + 1)]
     data = _with((tarfile.LNKTYPE, "near.bin", filler[-1][0]), members=[("far.bin", b"far")] + filler)
@@ -162,7 +162,7 @@ def test_a_hard_link_further_back_than_the_window_is_an_error(impl):
     data = _with((tarfile.LNKTYPE, "b.bin", "far.bin"), members=[("far.bin", b"far")] + filler)
     with pytest.raises(wdsmp.TarFormatError, match="hard link to 'far.bin'.*tar --hard-dereference"):
         split(data)
-    from wdsmp.tarformat import LINK_MEMBERS
+    from wdsmp.formats.tar import LINK_MEMBERS
 
     small = [(f"s{i}.txt", b"%d" % i) for i in range(LINK_MEMBERS)]
     assert split(_with((tarfile.LNKTYPE, "l.txt", "s0.txt"), members=small))[-1][:2] == ("l.txt", b"0")
@@ -365,7 +365,7 @@ def outcome(cls, data, bufsize=2048):
 
 
 try:  # compared directly, whatever WDSMP_PUREPYTHON says
-    from wdsmp import _tarsplit
+    from wdsmp.native import _tarsplit
 except ImportError:
     _tarsplit = None
 
@@ -492,7 +492,7 @@ def test_a_claimed_size_is_not_allocated_before_the_data_arrives(impl):
 
 def test_a_member_larger_than_the_untrusted_chunk_comes_whole(impl):
     """Read in chunks and joined: every byte in place, and the member after it intact."""
-    from wdsmp.tarformat import UNTRUSTED_CHUNK
+    from wdsmp.formats.tar import UNTRUSTED_CHUNK
 
     big = bytes(range(256)) * ((UNTRUSTED_CHUNK + 3 * BLOCK + 77) // 256)
     stream = io.BytesIO()

@@ -6,10 +6,10 @@ import pickle
 import pytest
 
 import wdsmp as wds
-from wdsmp.epochplan import ShardRange
+from wdsmp.epochs.plan import ShardRange
 from wdsmp.errors import PipeError
-from wdsmp.ranges import read_ranges
-from wdsmp.timing import ReadClock, StageClock, stage_name
+from wdsmp.epochs.ranges import read_ranges
+from wdsmp._internal.timing import ReadClock, StageClock, stage_name
 
 
 def _shard(path, count):

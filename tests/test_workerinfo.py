@@ -2,7 +2,7 @@
 
 import pytest
 
-from wdsmp._workerinfo import pytorch_worker_info, pytorch_worker_seed
+from wdsmp._internal.workerinfo import pytorch_worker_info, pytorch_worker_seed
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ worker processes import only the modules they run, so they start without
 torch (NOTE [worker processes] in ``wdsmp/fast/pool.py``).
 """
 
-from importlib import import_module as _import_module
+from importlib import import_module
 from typing import TYPE_CHECKING as _TYPE_CHECKING, Any as _Any, List as _List
 
 # ``wdsmp.gopen`` is a function and a submodule of that name: imported here, the function is what
@@ -26,14 +26,14 @@ if _TYPE_CHECKING:  # the names' types, for type checkers; at run time __getattr
         torch_loads, torch_video,
     )
     from .cache import LRUCleanup, cached_tarfile_samples, cached_tarfile_to_samples, cached_url_opener, pipe_cleaner
-    from .cbors import cbors2_to_samples, cbors_samples, cbors_to_samples, msgpack_samples, msgpack_to_samples
+    from .datasets.cbors import cbors2_to_samples, cbors_samples, cbors_to_samples, msgpack_samples, msgpack_to_samples
     from .compat import FluidInterface, FluidWrapper, Processor, WebDataset, WebLoader
-    from .dbcache import DBCache
+    from .datasets.dbcache import DBCache
     from .errors import (
         DecodeError, MissingFieldError, PipeError, SampleError, SecureModeError, ShardError, ShardNotFoundError,
         TarFormatError, WdsmpError, WorkerError,
     )
-    from .exact import ExactSamples
+    from .epochs.exact import ExactSamples
     from .extradatasets import MockDataset, with_epoch, with_length
     from .fast.loader import Batch, FastLoader
     from .filters import (
@@ -44,13 +44,13 @@ if _TYPE_CHECKING:  # the names' types, for type checkers; at run time __getattr
     from .gopen import gopen_schemes, reader, register_scheme
     from .handlers import ignore_and_continue, ignore_and_stop, reraise_exception, warn_and_continue, warn_and_stop
     from .mix import RandomMix, RoundRobin
-    from .native import native_available
+    from .native.core import native_available
     from .pipeline import DataPipeline
     from .shardlists import (
         MultiShardSample, ResampledShards, SimpleShardList, non_empty, resampled, shardspec, single_node_only,
         split_by_node, split_by_worker,
     )
-    from .specs import SpecError, load_spec, spec_dataset
+    from .datasets.specs import SpecError, load_spec, spec_dataset
     from .tariterators import group_by_keys, tarfile_samples, tarfile_to_samples, url_opener
     from .utils import PipelineStage, pytorch_worker_info, pytorch_worker_seed, repeatedly
     from .writer import ShardWriter, TarWriter, numpy_dumps, torch_dumps
@@ -66,16 +66,16 @@ _PUBLIC = {
         "LRUCleanup", "cached_tarfile_samples", "cached_tarfile_to_samples", "cached_url_opener",
         "pipe_cleaner",
     ),
-    "cbors": (
+    "datasets.cbors": (
         "cbors2_to_samples", "cbors_samples", "cbors_to_samples", "msgpack_samples", "msgpack_to_samples",
     ),
     "compat": ("FluidInterface", "FluidWrapper", "Processor", "WebDataset", "WebLoader"),
-    "dbcache": ("DBCache",),
+    "datasets.dbcache": ("DBCache",),
     "errors": (
         "DecodeError", "MissingFieldError", "PipeError", "SampleError", "SecureModeError", "ShardError",
         "ShardNotFoundError", "TarFormatError", "WdsmpError", "WorkerError",
     ),
-    "exact": ("ExactSamples",),
+    "epochs.exact": ("ExactSamples",),
     "extradatasets": ("MockDataset", "with_epoch", "with_length"),
     "fast.loader": ("Batch", "FastLoader"),
     "filters": (
@@ -88,13 +88,13 @@ _PUBLIC = {
         "ignore_and_continue", "ignore_and_stop", "reraise_exception", "warn_and_continue", "warn_and_stop",
     ),
     "mix": ("RandomMix", "RoundRobin"),
-    "native": ("native_available",),
+    "native.core": ("native_available",),
     "pipeline": ("DataPipeline",),
     "shardlists": (
         "MultiShardSample", "ResampledShards", "SimpleShardList", "non_empty", "resampled", "shardspec",
         "single_node_only", "split_by_node", "split_by_worker",
     ),
-    "specs": ("SpecError", "load_spec", "spec_dataset"),
+    "datasets.specs": ("SpecError", "load_spec", "spec_dataset"),
     "tariterators": ("group_by_keys", "tarfile_samples", "tarfile_to_samples", "url_opener"),
     "utils": ("PipelineStage", "pytorch_worker_info", "pytorch_worker_seed", "repeatedly"),
     "writer": ("ShardWriter", "TarWriter", "numpy_dumps", "torch_dumps"),
@@ -219,12 +219,12 @@ def __getattr__(name: str) -> _Any:
     """A public name (or a submodule) of wdsmp, imported on first use and kept."""
     module = _ORIGIN.get(name)
     if module is not None:
-        value = getattr(_import_module(f"{__name__}.{module}"), name)
+        value = getattr(import_module(f"{__name__}.{module}"), name)
     elif name.startswith("__"):
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     else:
         try:
-            value = _import_module(f"{__name__}.{name}")
+            value = import_module(f"{__name__}.{name}")
         except ModuleNotFoundError as exn:
             if exn.name != f"{__name__}.{name}":
                 raise

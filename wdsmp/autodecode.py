@@ -8,7 +8,7 @@ field, let the next handlers have it" (how ``.gz`` fields are unpacked). A
 until one takes it; a field none takes stays bytes.
 
 Images come out as webdataset's do, Pillow's pixels and all; JPEGs are decoded
-by libjpeg-turbo where that gives the same, faster (``_specdecode.py``, NOTE
+by libjpeg-turbo where that gives the same, faster (``wdsmp/images/specdecode.py``, NOTE
 [same pixels]).
 
 Where webdataset differs, on purpose:
@@ -27,7 +27,7 @@ Where webdataset differs, on purpose:
 - what one field may cost is bounded: a ``.gz`` field expanding past
   ``max_field_size`` bytes (default ``WDSMP_MAX_MEMBER_SIZE``, else 1 GiB) and
   an image of more pixels than ``max_image_pixels`` (default
-  ``WDSMP_MAX_IMAGE_PIXELS``, else 64 Mi; see :mod:`wdsmp.imagesize`) are
+  ``WDSMP_MAX_IMAGE_PIXELS``, else 64 Mi; see :mod:`wdsmp.images.size`) are
   refused before they are decompressed or decoded.
 
 NOTE [unsafe decoders]: unpickling runs whatever code the data names, so a
@@ -51,11 +51,11 @@ from typing import Any, Callable, Dict, Iterable, Optional, Union
 
 import numpy as np
 
-from . import _env
-from ._specdecode import decode_image
+from ._internal import env
+from .images.specdecode import decode_image
 from .errors import DecodeError
-from .imagesize import image_pixel_budget
-from .tarformat import member_size_limit
+from .images.size import image_pixel_budget
+from .formats.tar import member_size_limit
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -109,7 +109,7 @@ _SECURE_REFUSAL = ("WDS_SECURE=1 forbids unpickling (.pyd, .pickle, .pkl fields)
 
 
 def _refuse_if_secure():
-    if _env.secure():
+    if env.secure():
         raise DecodeError(_SECURE_REFUSAL)
 
 
@@ -577,7 +577,7 @@ class Decoder:
         if isinstance(sample, (str, bytes)) or not (hasattr(sample, "__iter__") or callable(sample)):
             raise TypeError(f"a Decoder takes a sample (a dict) or a dataset of samples, "
                             f"not {type(sample).__name__}")
-        from ._decodedsamples import DecodedSamples
+        from .images.decoded import DecodedSamples
 
         return DecodedSamples(sample, self)
 
@@ -593,7 +593,7 @@ def __getattr__(name):
     """``DecodedSamples`` (a torch dataset) is imported on first use, so that decoding samples,
     as FastLoader's workers do in their stages, does not import torch."""
     if name == "DecodedSamples":
-        from ._decodedsamples import DecodedSamples
+        from .images.decoded import DecodedSamples
 
         return DecodedSamples
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,7 +7,7 @@ webdataset, which downloads a whole shard before its first sample, the first
 pass streams: every chunk the tar reader takes from the source is also
 written to a temporary file, so training starts at once.
 
-What the cache promises (NOTE [cache entry], in :mod:`wdsmp._cacheentry`, has
+What the cache promises (NOTE [cache entry], in :mod:`wdsmp.storage.cacheentry`, has
 the protocol):
 
 - a cache file is a bit-identical, complete copy of its source: it appears,
@@ -36,7 +36,7 @@ This module is the public, webdataset-compatible API: cache names, file
 checks, :class:`FileCache` (its settings, and the policy of reading the source
 uncached whenever the cache cannot serve), the pipeline stages, cleanup and
 download. What happens to an entry on disk (locks, the tee, temps, the atomic
-rename, eviction) is in :mod:`wdsmp._cacheentry`, with NOTE [cache entry].
+rename, eviction) is in :mod:`wdsmp.storage.cacheentry`, with NOTE [cache entry].
 """
 
 import hashlib
@@ -46,9 +46,9 @@ import time
 import urllib.parse
 from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Union
 
-from . import _env
-from ._atomic import atomic_write
-from ._cacheentry import (
+from ._internal import env
+from ._internal.atomic import atomic_write
+from .storage.cacheentry import (
     LOCK_SUFFIX,
     CachedFile,
     EntryLock,
@@ -62,11 +62,11 @@ from ._cacheentry import (
     warn,
 )
 from .errors import ShardError, WdsmpError
-from ._stages import pipelinefilter
+from .stages.base import pipelinefilter
 from .gopen import gopen, local_path
 from .handlers import _Handler, reraise_exception
 from .tariterators import group_by_keys, tar_file_expander, tar_file_iterator, url_opener
-from .tarformat import BLOCK, GZIP_MAGIC, checksum_ok
+from .formats.tar import BLOCK, GZIP_MAGIC, checksum_ok
 
 __all__ = [
     "FileCache",
@@ -108,20 +108,20 @@ _CacheDir = Union[str, "os.PathLike[str]", None, _Default]
 
 
 # Module-level defaults. webdataset computes them from WDS_CACHE, WDS_CACHE_SIZE and
-# WDS_VERBOSE_CACHE at import; wdsmp reads the environment in _env.py only, per call,
+# WDS_VERBOSE_CACHE at import; wdsmp reads the environment in env.py only, per call,
 # so they are functions, and the module attributes are computed when asked.
 
 
 def _default_cache_dir():
-    return _env.cache_dir() or "./_cache"
+    return env.cache_dir() or "./_cache"
 
 
 def _default_cache_size():
-    return _env.cache_size()  # None: no cap (webdataset: 1e18 bytes)
+    return env.cache_size()  # None: no cap (webdataset: 1e18 bytes)
 
 
 def _verbose_cache():
-    return int(_env.verbose_cache())
+    return int(env.verbose_cache())
 
 
 def __getattr__(name):
@@ -372,7 +372,7 @@ class FileCache:
 
     def open(self, url):
         """A binary stream of ``url``: its cache file, or the source, teed into the cache
-        while read (NOTE [cache entry], in wdsmp._cacheentry), or the source alone when
+        while read (NOTE [cache entry], in wdsmp.storage.cacheentry), or the source alone when
         caching is off or fails."""
         if self.cache_dir is None or (islocal(url) and not (self.always and url != "-")):
             return gopen(url)
@@ -468,7 +468,7 @@ def cached_tarfile_samples(src: _URLItems, handler: _Handler = reraise_exception
                            lock_timeout: float = _DEFAULT_LOCK_TIMEOUT) -> Iterator[Dict[str, Any]]:
     """``tarfile_samples`` through the shard cache: the same samples, fetched once.
     ``GOPEN_VERBOSE=1`` turns ``verbose`` on, as in webdataset."""
-    verbose = verbose or _env.gopen_verbose()
+    verbose = verbose or env.gopen_verbose()
     streams = cached_url_opener(src, handler=handler, cache_size=cache_size, cache_dir=cache_dir,
                                 url_to_name=url_to_name, validator=validator, verbose=verbose,
                                 always=always, cache_name=cache_name, lock_timeout=lock_timeout)

@@ -15,9 +15,10 @@ from urllib.parse import urlsplit
 
 from torch.utils.data import DataLoader, IterableDataset
 
-from . import _env, filters, shardlists
+from . import filters, shardlists
+from ._internal import env
 from .autodecode import Decoder
-from .exact import ExactSamples
+from .epochs.exact import ExactSamples
 from .handlers import _Handler, reraise_exception
 from .pipeline import DataPipeline
 from .tariterators import group_by_keys, tar_file_expander, url_opener
@@ -203,14 +204,14 @@ class WebDataset(FluidInterface, DataPipeline):
         if isinstance(urls, ExactSamples):  # it reads and groups the samples itself
             self.append(urls)
         elif _is_spec(urls):  # a spec mixes whole sample pipelines, one per collection
-            from . import specs
+            from .datasets import specs
             spec = cast(Union[str, Dict[str, Any]], urls)  # what _is_spec said yes to
             self.append(specs.spec_dataset(spec, seed=seed or 0, resampled=resampled, handler=handler))
         else:
             self._add_shard_stages(urls, resampled, shardshuffle, detshuffle, seed,
                                    nodesplitter, workersplitter)
             self.append(self._opener(handler, cache_dir, cache_size, cache_name or url_to_name,
-                                     verbose or _env.verbose_cache()))
+                                     verbose or env.verbose_cache()))
             self.append(filters.pipelinefilter(tar_file_expander)(
                 handler=handler, select_files=select_files, rename_files=rename_files,
                 boundaries=True))
@@ -242,9 +243,9 @@ class WebDataset(FluidInterface, DataPipeline):
     @staticmethod
     def _opener(handler, cache_dir, cache_size, cache_name, verbose):
         """The stage that opens each shard: straight from its URL, or through the cache."""
-        cache_dir = cache_dir if cache_dir is not None else _env.cache_dir()
-        if cache_size == -1 and _env.cache_size() is not None:
-            cache_size = _env.cache_size()
+        cache_dir = cache_dir if cache_dir is not None else env.cache_dir()
+        if cache_size == -1 and env.cache_size() is not None:
+            cache_size = env.cache_size()
         if cache_dir is None or cache_size == 0:  # local files give __local_path__, as in webdataset
             return filters.pipelinefilter(url_opener)(handler=handler, local_paths=True)
         from . import cache

@@ -18,7 +18,7 @@ their passwords masked (``_redact.py``); the ``url`` attribute keeps the URL as 
 import tarfile
 from typing import Any, Optional, cast
 
-from ._redact import redacted
+from ._internal.redact import redacted
 
 __all__ = [
     "WdsmpError",

@@ -13,7 +13,7 @@ from typing import Any, Iterable, Iterator, TypeVar
 from torch.utils.data import IterableDataset
 
 from . import utils
-from .validation import non_negative_int
+from ._internal.validation import non_negative_int
 from .utils import PipelineStage
 
 __all__ = ["MockDataset", "repeatedly", "with_epoch", "with_length"]

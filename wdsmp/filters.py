@@ -4,11 +4,11 @@ A stage is written as a plain generator ``_stage(data, *args)`` and exposed as
 ``stage = pipelinefilter(_stage)``: ``stage(*args)`` returns a picklable
 callable that takes the upstream iterator. Workers are spawned, so stages must
 never be lambdas or closures. The names are those of ``webdataset.filters``;
-currying lives in :mod:`wdsmp._stages`, the stages that address fields by
-name in :mod:`wdsmp.fields`, collation and batching in :mod:`wdsmp.batching`;
+currying lives in :mod:`wdsmp.stages.base`, the stages that address fields by
+name in :mod:`wdsmp.stages.fields`, collation and batching in :mod:`wdsmp.stages.batching`;
 their public names are re-exported here. Stages that run user
 code take ``handler=`` and name the sample in their errors: NOTE [stage
-errors] in :mod:`wdsmp._stages`.
+errors] in :mod:`wdsmp.stages.base`.
 """
 
 import itertools
@@ -16,7 +16,7 @@ import random
 import sys
 from typing import Any, Iterable, Iterator, List, Optional, TypeVar
 
-from ._stages import (
+from .stages.base import (
     Curried,
     FilterFunction,
     RestCurried,
@@ -26,7 +26,7 @@ from ._stages import (
     pipelinefilter,
 )
 from .autodecode import Decoder
-from .batching import (
+from .stages.batching import (
     batched,
     combine_values,
     default_collation_fn,
@@ -35,7 +35,7 @@ from .batching import (
     unbatched,
     unlisted,
 )
-from .fields import (
+from .stages.fields import (
     decode_bin,
     decode_pickle,
     decode_text,
@@ -50,9 +50,9 @@ from .fields import (
     transform_with,
     xdecode,
 )
-from ._sharedint import SharedInt
+from ._internal.sharedint import SharedInt
 from .handlers import reraise_exception
-from .samplecodec import SampleCodec
+from .formats.samplecodec import SampleCodec
 from .utils import PipelineStage, identity, make_seed, pytorch_worker_info
 
 __all__ = [
@@ -259,7 +259,7 @@ class detshuffle(PipelineStage):
     time the stage is iterated, from ``epoch + 1`` (0 first by default), as
     webdataset's does. ``set_epoch(n)`` pins it to ``n`` instead; the pinned
     epoch reaches DataLoader workers, persistent ones included, started after
-    the first ``set_epoch`` (NOTE [shared epoch] in :mod:`wdsmp._sharedint`).
+    the first ``set_epoch`` (NOTE [shared epoch] in :mod:`wdsmp._internal.sharedint`).
     """
 
     def __init__(self, bufsize: int = 1000, initial: int = 100, seed: Any = 0, epoch: int = -1) -> None:
@@ -470,7 +470,7 @@ class LMDBCached(PipelineStage):
 
     The database is opened when first iterated, not here, so the stage can be
     built in the main process and pickled to workers. ``pickler`` has ``dumps``
-    and ``loads``; the default, :class:`wdsmp.samplecodec.SampleCodec`, stores
+    and ``loads``; the default, :class:`wdsmp.formats.samplecodec.SampleCodec`, stores
     plain samples without pickle and refuses pickles under ``WDS_SECURE=1``, as
     DBCache does.
     """

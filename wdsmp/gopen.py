@@ -4,7 +4,7 @@ Local paths and ``file:`` URLs give ordinary ``io`` objects (a BufferedReader
 when reading, so a tar splitter can ``readinto`` a large buffer). Other schemes
 are looked up in :data:`gopen_schemes`, to which :func:`register_scheme` adds
 more without touching this module. Built in: ``http``/``https`` and ``s3``
-in-process (:mod:`wdsmp.remote`, :mod:`wdsmp.s3`: resumed reads, uploads on
+in-process (:mod:`wdsmp.storage.remote`, :mod:`wdsmp.storage.s3`: resumed reads, uploads on
 close), ``gs`` and ``ais`` through their command-line tools (``gsutil`` or
 ``gcloud storage``; ``ais``), run from argument lists, never a shell.
 
@@ -54,8 +54,8 @@ import tempfile
 from typing import IO, Any, Callable, Optional, Union
 from urllib.parse import quote, unquote, urlsplit
 
-from . import _env
-from ._redact import redacted
+from ._internal import env
+from ._internal.redact import redacted
 from .errors import PipeError, SecureModeError, ShardError, ShardNotFoundError
 
 __all__ = [
@@ -397,16 +397,16 @@ def gopen_http(url, mode="rb", bufsize=8192, **kw):
     """``http://`` and ``https://`` in-process: reads resume where they broke, writes PUT on close.
 
     Keywords: ``connect_timeout``, ``read_timeout``, ``retries``, ``backoff``,
-    ``max_backoff`` (see :class:`wdsmp.remote.RemoteOptions`) and ``headers``.
+    ``max_backoff`` (see :class:`wdsmp.storage.remote.RemoteOptions`) and ``headers``.
     """
-    from .remote import open_http
+    from .storage.remote import open_http
 
     return open_http(url, mode, bufsize, **kw)
 
 
 def gopen_s3(url, mode="rb", bufsize=8192, **kw):
     """``s3://bucket/key`` with boto3 (configured by the standard AWS variables); as :func:`gopen_http`."""
-    from .s3 import open_s3
+    from .storage.s3 import open_s3
 
     return open_s3(url, mode, bufsize, **kw)
 
@@ -453,7 +453,7 @@ def gopen_htgs(url, mode="rb", bufsize=8192, **kw):
     """``htgs://bucket/object``: a public Google Cloud Storage object over HTTPS, read-only."""
     if mode != "rb":
         raise ValueError(f"htgs:// URLs are read-only, not {mode!r}: {url!r}")
-    from .remote import open_http
+    from .storage.remote import open_http
 
     rest = re.sub(r"(?i)^htgs://", "", url)
     return open_http(f"https://storage.googleapis.com/{rest}", mode, bufsize, origin=url, **kw)
@@ -467,7 +467,7 @@ def gopen_hf(url, mode="rb", bufsize=8192, **kw):
         from huggingface_hub import HfFileSystem, get_token, hf_hub_url
     except ImportError:
         raise ShardError("hf:// URLs need huggingface_hub (pip install huggingface_hub)", url=url) from None
-    from .remote import open_http
+    from .storage.remote import open_http
 
     where = HfFileSystem().resolve_path(url)
     http_url = hf_hub_url(repo_id=where.repo_id, filename=where.path_in_repo, repo_type=where.repo_type,
@@ -502,10 +502,10 @@ def gopen_ais(url, mode="rb", bufsize=8192, timeout=3600.0, **kw):
     :func:`gopen_http`, redirects to storage targets followed); otherwise with
     ``ais get URL -`` / ``ais put - URL``.
     """
-    endpoint = _env.ais_endpoint()
+    endpoint = env.ais_endpoint()
     if endpoint is None:
         return _tool_pipe("ais", url, mode, bufsize, timeout)
-    from .remote import open_http
+    from .storage.remote import open_http
 
     return open_http(ais_object_url(endpoint, url), mode, bufsize, origin=url, **kw)
 
@@ -566,7 +566,7 @@ def register_scheme(scheme: str, opener: Callable[..., Any]) -> Optional[Callabl
 
 def rewrite_url(url):
     """``url`` after the first ``GOPEN_REWRITE`` / ``WDS_REWRITE`` rule whose regex matches its start."""
-    for variable, pattern, replacement in _env.rewrite_rules():
+    for variable, pattern, replacement in env.rewrite_rules():
         try:
             match = re.match(pattern, url)
             if match is not None:
@@ -578,7 +578,7 @@ def rewrite_url(url):
 
 def _refuse_if_insecure(url, secure):
     """Secure mode refuses what reaches the local machine: paths, file:, pipe:, ``-``."""
-    cause = "secure=True" if secure else "WDS_SECURE=1" if _env.secure() else None
+    cause = "secure=True" if secure else "WDS_SECURE=1" if env.secure() else None
     if cause is None:
         return
     if url == "-":
@@ -595,7 +595,7 @@ def _refuse_if_insecure(url, secure):
 def _through_ais(url):
     """Whether ``USE_AIS_FOR`` routes ``url`` (by its scheme) through AIStore."""
     match = _SCHEME.match(url)
-    return match is not None and match.group(1).lower() in _env.ais_schemes()
+    return match is not None and match.group(1).lower() in env.ais_schemes()
 
 
 def _opener(url):
@@ -628,7 +628,7 @@ def gopen(url: Union[str, "os.PathLike[str]"], mode: str = "rb", bufsize: int = 
     _check_mode(mode)
     given = _as_url(url)
     url = rewrite_url(given) if isinstance(given, str) else given
-    if _env.gopen_verbose():
+    if env.gopen_verbose():
         route = " through AIStore (USE_AIS_FOR)" if isinstance(url, str) and _through_ais(url) else ""
         print(f"# gopen {redacted(given)!r}" + (f" -> {redacted(url)!r}" if url != given else "") + route,
               file=sys.stderr)

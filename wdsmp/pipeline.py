@@ -51,8 +51,8 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, TypeV
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from .timing import StageClock, stage_name
-from .validation import non_negative_int
+from ._internal.timing import StageClock, stage_name
+from ._internal.validation import non_negative_int
 from .utils import PipelineStage
 
 __all__ = ["CountedSource", "DataPipeline", "add_length_method"]

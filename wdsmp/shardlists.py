@@ -7,7 +7,7 @@ that stream, used as a pipeline stage without calling it, as in webdataset:
 ``DataPipeline(SimpleShardList(spec), split_by_worker, ...)``.
 
 This module holds the two plain sources and keeps webdataset's names; the
-rest lives in one module per idea: spec expansion (``_shardurls``), stages
+rest lives in one module per idea: spec expansion (``wdsmp.shards.urls``), stages
 over the shard stream (``_shardstages``), ``MultiShardSample``
 (``_multishard``) and ``DirectoryShardList`` (``_directoryshards``).
 """
@@ -20,13 +20,13 @@ from typing import Any, Callable, Iterable, Optional, Union
 
 from torch.utils.data import IterableDataset
 
-from ._directoryshards import DirectoryShardList, check_pid_is_running, get_pid_from_filename, without_last_extension
-from ._multishard import MSSource, MultiShardSample, default_rng, expand
-from ._seeding import make_seed
-from ._shardstages import non_empty, resampled, resampled_, single_node_only, split_by_node, split_by_worker
-from ._shardurls import envlookup, envsubst, expand_source, expand_urls
-from .validation import non_negative_int
-from ._workerinfo import pytorch_worker_seed
+from .shards.directory import DirectoryShardList, check_pid_is_running, get_pid_from_filename, without_last_extension
+from .shards.multishard import MSSource, MultiShardSample, default_rng, expand
+from ._internal.seeding import make_seed
+from .shards.stages import non_empty, resampled, resampled_, single_node_only, split_by_node, split_by_worker
+from .shards.urls import envlookup, envsubst, expand_source, expand_urls
+from ._internal.validation import non_negative_int
+from ._internal.workerinfo import pytorch_worker_seed
 
 __all__ = [
     "DirectoryShardList",

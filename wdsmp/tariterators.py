@@ -20,12 +20,12 @@ import zlib
 from typing import Any, Callable, Collection, Dict, Iterable, Iterator, Mapping, Optional, Set, Tuple, Union
 
 from .gopen import gopen, local_path
-from . import tarformat as _tf
+from .formats import tar as _tf
 from .errors import SampleError, TarFormatError
-from ._stages import handle_each, pipelinefilter
+from .stages.base import handle_each, pipelinefilter
 from .handlers import reraise_exception
-from .native import tar_splitter_class
-from ._shardurls import expand_urls
+from .native.core import tar_splitter_class
+from .shards.urls import expand_urls
 
 __all__ = [
     "SHARD_END",
@@ -188,7 +188,7 @@ def _decompressed(stream):
 def _members(stream, url, max_member_size=None):
     """``(name, data, offset, link)`` of each member with data, then the stream read to its end;
     ``link`` is the member a link member was resolved to, else None (NOTE [tar links] in
-    ``tarformat``).
+    ``wdsmp.formats.tar``).
 
     Reading past the end-of-archive marker to end of file is what checks a
     ``pipe:`` command's exit status and a gzip stream's CRC; stream errors
@@ -217,7 +217,7 @@ def tar_file_iterator(fileobj, skip_meta=_META_FILES, handler=reraise_exception,
     renames it. An error ends the stream (a damaged archive cannot be resumed);
     ``handler`` decides whether it is raised. A hard or symbolic link member
     comes with the data of the member it names, and ``"__link__"``: that
-    member's name (NOTE [tar links] in ``tarformat``). A member larger than
+    member's name (NOTE [tar links] in ``wdsmp.formats.tar``). A member larger than
     ``max_member_size`` bytes (default: ``WDSMP_MAX_MEMBER_SIZE``, else 1 GiB)
     is a TarFormatError, refused before it is read.
     """
@@ -370,7 +370,7 @@ def sample_spans(members, boundary=SHARD_END, keys=base_plus_ext):
     whose regular members are ``members``, ``(name, start, end)`` triples in order (``start``
     where the member's headers begin, ``end`` where its padded data ends), ending with
     ``boundary`` (``SHARD_END``, or the ``ShardFailed`` marker of a shard that broke there).
-    Reading a span alone gives that sample (what a global shuffle reads, ``samplespans.py``).
+    Reading a span alone gives that sample (what a global shuffle reads, ``wdsmp/epochs/spans.py``).
 
     The reader's own rules, applied to the names alone: meta files skipped as
     ``tar_file_iterator`` skips them, names split by ``keys`` (``base_plus_ext``) and

@@ -18,12 +18,12 @@ import sys
 import types
 from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
 
-from . import _env
-from ._braces import fnmatch_with_braces, glob_with_braces
-from ._deprecation import ObsoleteException, deprecated, obsolete
-from ._seeding import make_seed
-from ._symbols import lookup_sym, safe_eval
-from ._workerinfo import pytorch_worker_info, pytorch_worker_seed
+from ._internal import env
+from ._internal.braces import fnmatch_with_braces, glob_with_braces
+from ._internal.deprecation import ObsoleteException, deprecated, obsolete
+from ._internal.seeding import make_seed
+from ._internal.symbols import lookup_sym, safe_eval
+from ._internal.workerinfo import pytorch_worker_info, pytorch_worker_seed
 
 __all__ = [
     "ObsoleteException",
@@ -139,13 +139,13 @@ class _UtilsModule(types.ModuleType):
     @property
     def enforce_security(self):
         """``WDS_SECURE=1`` now (webdataset: at import); see the module docstring."""
-        return _env.secure()
+        return env.secure()
 
     @enforce_security.setter
     def enforce_security(self, value):
         if not isinstance(value, (bool, int)):
             raise TypeError(f"wdsmp.utils.enforce_security takes True or False, not {value!r}")
-        _env.set_secure(bool(value))
+        env.set_secure(bool(value))
 
     def __dir__(self):
         return sorted({*super().__dir__(), "enforce_security"})

@@ -44,7 +44,7 @@ import time
 from typing import IO, Any, Callable, Dict, List, Literal, Optional, TypeVar, Union, cast
 
 from .gopen import abandon, gopen
-from .encoders import (
+from .formats.encoders import (
     add_handlers,
     bytestr,
     cbor_dumps,
@@ -308,7 +308,7 @@ class ShardWriter:
     its own. ``post(fname)`` is called after each shard is closed; ``opener(fname)``
     returns the binary stream to write it to (default: ``gopen(fname, "wb")``);
     other keyword arguments go to ``TarWriter``. ``shards`` lists the names written, ``counts``
-    their sample counts. ``index=True`` writes a shard index (``wdsmp.shardindex``) of them at
+    their sample counts. ``index=True`` writes a shard index (``wdsmp.shards.index``) of them at
     ``close()`` beside them, as ``index.json`` in the pattern's directory, where the loaders
     look for it (``index="path.json"``: there instead), so loaders know every count (``len()``,
     exact epochs), remote shards included.
@@ -348,7 +348,7 @@ class ShardWriter:
         self.shards: List[str] = []
         self.counts: List[int] = []
         if index is True:
-            from .shardindex import INDEX_NAME
+            from .shards.index import INDEX_NAME
 
             index = posixpath.join(posixpath.dirname(pattern), INDEX_NAME)
         elif not (index is None or isinstance(index, str)):
@@ -412,7 +412,7 @@ class ShardWriter:
             self.closed = True
             self.finish()
             if self.index is not None:
-                from .shardindex import relative_url, write_index
+                from .shards.index import relative_url, write_index
 
                 write_index(self.index, [(relative_url(self.index, name), count)
                                          for name, count in zip(self.shards, self.counts)])

@@ -1,7 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Native image kernel: resize a sub-pixel crop box, optionally mirrored, straight into an output row.
 
-The pure-Python twin is ``wdsmp/_imgops_py.py``: the same filter taps (the
+The pure-Python twin is ``wdsmp/native/imgops_py.py``: the same filter taps (the
 same double arithmetic, see ``-ffp-contract=off`` in setup.py) and the same
 integer arithmetic afterwards, so both give the same pixels.
 

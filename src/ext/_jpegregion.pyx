@@ -9,14 +9,14 @@ and decoding stops after the region's last row, so the rows below it are never
 read at all. FastLoader's train crops cover about half an image, so about half
 of the inverse DCT, upsampling and colour conversion, and part of the entropy
 decoding, is skipped (benchmarks/bench_kernels.py measures it). ``decode("pil")``'s
-lazy JPEG images (``wdsmp/_lazyjpeg.py``) decode the region a crop or a resize reads
+lazy JPEG images (``wdsmp/images/lazyjpeg.py``) decode the region a crop or a resize reads
 with ``decode_region_into``, at full size, into the whole image's layout, and
 make lazy only a JPEG whose tables ``check_start`` finds libjpeg-turbo accepts and whose
 image data ``find_marker`` finds holds no marker.
 
 Built only where libjpeg-turbo 2.1 or later and its headers are found (see
 setup.py; earlier releases have bugs in ``jpeg_skip_scanlines``); without it
-``wdsmp.native.jpeg_region_module()`` is None and whole images are decoded with
+``wdsmp.native.core.jpeg_region_module()`` is None and whole images are decoded with
 simplejpeg. There is no pure-Python twin: the fallback is that decoder.
 
 NOTE [jpeg region errors]: libjpeg reports errors by calling ``error_exit``,

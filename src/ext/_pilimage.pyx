@@ -10,7 +10,7 @@ to 255), which is libjpeg-turbo's ``RGBX`` output: a JPEG decoded as
 byte for byte what Pillow's own JPEG decoder makes. ``L`` images are one byte
 a pixel.
 
-The pure-Python twin is ``wdsmp/_pilimage_py.py`` (``PIL.Image.frombytes``: the
+The pure-Python twin is ``wdsmp/native/pilimage_py.py`` (``PIL.Image.frombytes``: the
 same image, copied).
 
 NOTE [arrow export]: ``__arrow_c_array__`` returns two capsules, named

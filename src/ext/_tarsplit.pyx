@@ -2,8 +2,8 @@
 """Native tar splitter: the regular-file members of a tar stream as ``(name, data, offset)``;
 ``TarHeaders``: the same from a tar file's headers alone, the data jumped over by offset.
 
-The pure-Python twin is ``wdsmp/_tarsplit_py.py``; both share the cold paths
-(errors, pax headers) in ``wdsmp/tarformat.py``. Reads go into one reused buffer
+The pure-Python twin is ``wdsmp/native/tarsplit_py.py``; both share the cold paths
+(errors, pax headers) in ``wdsmp/formats/tar.py``. Reads go into one reused buffer
 through ``stream.readinto``; a member larger than half the buffer is read
 straight into its result ``bytes`` object, so every byte is copied once.
 """
@@ -19,17 +19,17 @@ from posix.stat cimport fstat, struct_stat
 from posix.types cimport off_t
 from posix.unistd cimport pread
 
-from wdsmp import tarformat as _tf
+from wdsmp.formats import tar as _tf
 
 cdef enum:
     BLOCK = 512
-    LINK_MEMBERS = 64  # tarformat.LINK_MEMBERS, checked at import
+    LINK_MEMBERS = 64  # wdsmp.formats.tar.LINK_MEMBERS, checked at import
 
 cdef long long MAX_SIZE = _tf.MAX_MEMBER_SIZE  # one limit for both splitters
 cdef Py_ssize_t UNTRUSTED = _tf.UNTRUSTED_CHUNK  # allocated at most before data arrives
 cdef long long LINK_WINDOW = _tf.LINK_WINDOW
 if _tf.LINK_MEMBERS != LINK_MEMBERS:
-    raise ImportError("src/ext/_tarsplit.pyx and wdsmp/tarformat.py disagree on LINK_MEMBERS")
+    raise ImportError("src/ext/_tarsplit.pyx and wdsmp/formats/tar.py disagree on LINK_MEMBERS")
 
 
 cdef long long _number(const unsigned char* p, int n) noexcept nogil:

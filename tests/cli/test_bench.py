@@ -14,10 +14,10 @@ import pytest
 import simplejpeg
 
 import wdsmp
-from wdsmp.benchmark import CONTENDERS, STAGE_GROUPS, Result, as_json, open_corpus, picture
-from wdsmp.benchplot import rates
+from wdsmp.bench.loader import CONTENDERS, STAGE_GROUPS, Result, as_json, open_corpus, picture
+from wdsmp.bench.plot import rates
 from wdsmp.cli import main
-from wdsmp.shardindex import write_index
+from wdsmp.shards.index import write_index
 
 
 def _tiny_corpus(directory, shards=2, per_shard=16):
@@ -47,7 +47,7 @@ def test_bench_prints_the_contenders_and_draws_them(tmp_path, capsys):
     assert main(argv) == 0
     out, err = capsys.readouterr()
     assert out.startswith(f"# {shlex.join(['wdsmp', *argv])}\n# corpus: 32 images")  # the command main was given
-    region = "on" if wdsmp.native.jpeg_region_available() else "off"
+    region = "on" if wdsmp.native.core.jpeg_region_available() else "off"
     assert f"\n# region decoding: {region} (" in out
     rows = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in out.splitlines() if line.startswith("| ")}
     assert list(rows) == ["contender", "DataLoader pipeline", "FastLoader", "FastLoader, fresh process",

@@ -13,7 +13,7 @@ import pytest
 import wdsmp as wds
 from tests.conftest import tar_bytes
 from wdsmp.cli import main
-from wdsmp.shardindex import read_entries, shard_counts
+from wdsmp.shards.index import read_entries, shard_counts
 from wdsmp.tariterators import base_plus_ext
 
 

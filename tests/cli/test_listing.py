@@ -9,6 +9,7 @@ import tarfile
 import pytest
 
 import wdsmp as wds
+from wdsmp.shards.index import write_index
 from wdsmp.cli import main
 from wdsmp.cli.listing import human
 
@@ -141,7 +142,7 @@ def test_human():
 def test_ls_and_info_read_the_shards_of_an_index(tmp_path, capsys):
     for name in ("a", "b"):
         write_shard(tmp_path / f"{name}.tar", SAMPLES)
-    wds.shardindex.write_index(str(tmp_path / "index.json"), [("a.tar", 2), ("b.tar", 2)])
+    write_index(str(tmp_path / "index.json"), [("a.tar", 2), ("b.tar", 2)])
     assert main(["ls", str(tmp_path / "index.json")]) == 0
     shards = [line.split("\t")[0] for line in capsys.readouterr().out.splitlines()]
     assert shards == [str(tmp_path / "a.tar")] * 5 + [str(tmp_path / "b.tar")] * 5  # relative to the index

@@ -14,7 +14,7 @@ import pytest
 import wdsmp as wds
 from tests.conftest import tar_bytes
 from wdsmp.cli import main
-from wdsmp.shardindex import read_entries
+from wdsmp.shards.index import read_entries
 
 
 def image(seed=0, fmt="JPEG"):

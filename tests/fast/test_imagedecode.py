@@ -14,7 +14,7 @@ import PIL.Image
 import pytest
 import simplejpeg
 
-import wdsmp.native
+import wdsmp.native.core
 from wdsmp import DecodeError
 from wdsmp.fast.imagedecode import (
     MAX_PIXELS,
@@ -27,7 +27,7 @@ from wdsmp.fast.imagedecode import (
     random_resized_crop_box,
 )
 from wdsmp.fast.options import DecodeOptions
-from wdsmp.native import jpeg_region_available, jpeg_region_module
+from wdsmp.native.core import jpeg_region_available, jpeg_region_module
 
 from benchmarks.photos import photo
 
@@ -699,7 +699,7 @@ def test_region_refusal_falls_back_to_whole_decode(jpegregion, monkeypatch):
         def decode_region(*args, **kw):
             raise ValueError("refused")
 
-    monkeypatch.setattr(wdsmp.native, "jpeg_region_module", lambda: Refusing)
+    monkeypatch.setattr(wdsmp.native.core, "jpeg_region_module", lambda: Refusing)
     out, info = decode(data, (64, 64))
     assert info.kind == "jpeg" and info.decoded == (150, 130)
     np.testing.assert_array_equal(out, want)
@@ -709,8 +709,8 @@ def test_region_decoder_selection(monkeypatch):
     monkeypatch.setenv("WDSMP_PUREPYTHON", "1")
     assert jpeg_region_module() is None and not jpeg_region_available()
     monkeypatch.delenv("WDSMP_PUREPYTHON")
-    monkeypatch.setitem(sys.modules, "wdsmp._jpegregion", None)  # import fails as if never built
-    monkeypatch.setattr(wdsmp.native, "_loaded", {})
+    monkeypatch.setitem(sys.modules, "wdsmp.native._jpegregion", None)  # import fails as if never built
+    monkeypatch.setattr(wdsmp.native.core, "_loaded", {})
     with pytest.warns(RuntimeWarning, match="JPEG region decoder is not built.*decodes whole JPEGs"):
         assert jpeg_region_module() is None
     assert not jpeg_region_available()

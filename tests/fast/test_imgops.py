@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import wdsmp.native
-from wdsmp import _imgops_py
-from wdsmp.native import imgops_module
+import wdsmp.native.core
+from wdsmp.native import imgops_py as _imgops_py
+from wdsmp.native.core import imgops_module
 
 from benchmarks.photos import photo
 
@@ -41,11 +41,11 @@ def test_native_selected(impl):
 
 def test_unbuilt_extension_falls_back_with_a_warning(monkeypatch):
     monkeypatch.delenv("WDSMP_PUREPYTHON", raising=False)
-    monkeypatch.setitem(sys.modules, "wdsmp._imgops", None)  # import fails as if never built
-    monkeypatch.setattr(wdsmp.native, "_loaded", {})
+    monkeypatch.setitem(sys.modules, "wdsmp.native._imgops", None)  # import fails as if never built
+    monkeypatch.setattr(wdsmp.native.core, "_loaded", {})
     with pytest.warns(RuntimeWarning, match="native core is not built"):
         assert imgops_module() is _imgops_py
-    assert not wdsmp.native.native_available()
+    assert not wdsmp.native.core.native_available()
 
 
 @st.composite
@@ -63,7 +63,7 @@ def cases(draw):
 @given(cases())
 def test_native_and_twin_agree(case):
     """Bit for bit: same taps, same integer arithmetic (NOTE [resize arithmetic])."""
-    native = pytest.importorskip("wdsmp._imgops")
+    native = pytest.importorskip("wdsmp.native._imgops")
     channels, (in_h, in_w), box, size, flip, seed = case
     src = np.random.default_rng(seed).integers(0, 256, (in_h, in_w, channels), dtype=np.uint8)
     a = np.zeros(size + (channels,), np.uint8)

@@ -25,7 +25,7 @@ from wdsmp.errors import WorkerError
 from wdsmp.fast import resources as resources_module
 from wdsmp.fast.loader import Batch, FastLoader
 from wdsmp.fast.ring import SHM_DIR
-from wdsmp.shardindex import write_index
+from wdsmp.shards.index import write_index
 
 from ..conftest import tar_bytes
 from .workerfns import (add_double, below_forty, fail_in_the_second_epoch, keep_even, label_frozen,

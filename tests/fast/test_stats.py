@@ -14,7 +14,7 @@ import wdsmp
 from wdsmp.fast.bottleneck import diagnose, shard_source
 from wdsmp.fast.messages import BatchReady
 from wdsmp.fast.stats import BATCH_FIELDS, STAGES, LoaderStats
-from wdsmp.shardindex import write_index
+from wdsmp.shards.index import write_index
 
 
 def _times(**values):
@@ -178,7 +178,7 @@ def test_stage_figures_add_up_to_the_workers_busy_time_and_name_decoding(tmp_pat
     assert stages["decode"]["ms_per_image"] == pytest.approx(stages["decode"]["seconds"] * 1e3 / 48)
     # Each shard opened once, each image decoded once.
     assert figures["decode"]["jpeg"] == 48 and figures["shards"]["opened"] == 2
-    assert figures["decode"]["region"] == (48 if wdsmp.native.jpeg_region_available() else 0)
+    assert figures["decode"]["region"] == (48 if wdsmp.native.core.jpeg_region_available() else 0)
     assert figures["bottleneck"].startswith("decode-bound: workers busy "), figures
 
 

@@ -1,4 +1,4 @@
-"""``wdsmp bench``: the loader benchmark (``wdsmp.benchmark``) from an installed wdsmp.
+"""``wdsmp bench``: the loader benchmark (``wdsmp.bench.loader``) from an installed wdsmp.
 
 The options live here, light to import, and ``benchmarks/bench_loader.py`` adds them to its
 own parser (with ``--record``), so the script and the subcommand take the same arguments and
@@ -10,6 +10,7 @@ import os
 import shlex
 import sys
 
+from .output import positive_int
 from .common import add_common, check_output, die, expand_inputs, print_json
 
 __all__ = ["add_arguments", "add_parser", "run", "timings"]
@@ -30,7 +31,6 @@ def _number(kind, what, valid):
 
 def add_arguments(parser, corpus_required=True):
     """The benchmark's options, on ``parser``."""
-    positive_int = _number(int, "a positive integer", lambda value: value > 0)
     parser.add_argument("--corpus", required=corpus_required,
                         help="a directory written by benchmarks/make_corpus.py: DataLoader pipeline, FastLoader "
                         "and the decode ceiling side by side")
@@ -63,9 +63,9 @@ def add_parser(subparsers):
     parser = subparsers.add_parser(
         "bench", help="measure loader throughput: on your shards, or FastLoader against the DataLoader pipeline",
         description="With SHARDS: FastLoader on your shards at 1, 2, 4, ... workers, with the bottleneck and the "
-        "cores a rate needs (see wdsmp.shardbench). With --corpus: images per second, CPU and memory of "
+        "cores a rate needs (see wdsmp.bench.shards). With --corpus: images per second, CPU and memory of "
         "FastLoader and of the DataLoader pipeline on an ImageNet-like corpus, beside the machine's decode-only "
-        "ceiling (see wdsmp.benchmark).")
+        "ceiling (see wdsmp.bench.loader).")
     parser.add_argument("shards", nargs="*", metavar="SHARDS",
                         help="shards to measure FastLoader on: brace patterns, files, a shard index (.json), URLs")
     add_arguments(parser, corpus_required=False)
@@ -90,7 +90,7 @@ def run(args):
     timings(args, scaling=bool(args.shards))
     if args.shards:
         return _run_scaling(args)
-    from .. import benchmark
+    from ..bench import loader as benchmark
 
     try:
         corpus = benchmark.open_corpus(args.corpus, args.workers)
@@ -115,9 +115,10 @@ def run(args):
 def _run_scaling(args):
     from dataclasses import asdict
 
-    from .. import benchplot, shardbench
-    from ..benchmark import CROP_SIZE
-    from ..shardindex import is_index, shard_counts
+    from ..bench import plot as benchplot
+    from ..bench import shards as shardbench
+    from ..bench.loader import CROP_SIZE
+    from ..shards.index import is_index, shard_counts
 
     check_output(args.plot, args.force)
     if len(args.shards) == 1 and is_index(args.shards[0]):

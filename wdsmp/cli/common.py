@@ -11,7 +11,7 @@ import sys
 import time
 
 from ..gopen import gopen_schemes, has_opener, local_path
-from ..shardindex import read_entries
+from ..shards.index import read_entries
 from ..shardlists import expand_urls
 
 __all__ = ["PARTIAL", "Progress", "add_common", "check_output", "die", "distinct_shards", "expand_inputs", "print_json"]
@@ -37,7 +37,7 @@ def die(message):
 
 
 def _indexed(spec):
-    """The shards a shard index (``index.json``, see wdsmp.shardindex) lists."""
+    """The shards a shard index (``index.json``, see wdsmp.shards.index) lists."""
     try:
         return [entry["url"] for entry in read_entries(spec)]
     except (OSError, ValueError) as exn:

@@ -51,11 +51,11 @@ import traceback
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 
-from .._atomic import atomic_write
+from .._internal.atomic import atomic_write
 from ..errors import WdsmpError
 from ..fast.options import default_workers
 from ..gopen import local_path
-from ..liveness import exit_with_parent
+from .._internal.liveness import exit_with_parent
 from ..tariterators import tarfile_samples
 from ..writer import TarWriter
 from .common import PARTIAL, Progress, add_common, die, expand_inputs, print_json

@@ -1,6 +1,6 @@
 """``wdsmp doctor``: which of wdsmp's native parts are in use here, and what is missing.
 
-Each compiled part (``wdsmp.native.parts``) is in use, or not built (with the
+Each compiled part (``wdsmp.native.core.parts``) is in use, or not built (with the
 import error and what its absence costs: the status is then 1), or off
 (``WDSMP_PUREPYTHON=1``); then the versions and the optional packages that
 change what wdsmp can do.
@@ -40,7 +40,7 @@ def _version(name):
 
 
 def run(args):
-    from .. import native
+    from ..native import core as native
 
     parts = native.parts()
     import wdsmp

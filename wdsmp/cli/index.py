@@ -1,6 +1,6 @@
 """``wdsmp index``: the shard manifest wdsmp's loaders read, or DALI's index files.
 
-The manifest (:mod:`wdsmp.shardindex`) gives each shard's sample count, which is what
+The manifest (:mod:`wdsmp.shards.index`) gives each shard's sample count, which is what
 exact epochs and ``len()`` need, with its size and sha256 for ``wdsmp verify --index``.
 Samples are counted by wdsmp's own reader, so the counts are the ones the loaders see;
 a shard the reader finds damaged gets no entry and no manifest is written, since
@@ -24,9 +24,9 @@ import sys
 from urllib.parse import urlsplit
 
 from ..gopen import local_path
-from ..native import tar_splitter_class
-from ..shardindex import INDEX_NAME, relative_url, write_atomic, write_index
-from ..tarformat import BLOCK, GZIP_MAGIC
+from ..native.core import tar_splitter_class
+from ..shards.index import INDEX_NAME, relative_url, write_atomic, write_index
+from ..formats.tar import BLOCK, GZIP_MAGIC
 from ..tariterators import _META_FILES, SHARD_END, ShardFailed, base_plus_ext, group_by_keys
 from .common import Progress, add_common, check_output, die, distinct_shards, expand_inputs, print_json
 from .verify import Problem, ShardReport, check_shard, open_counted

@@ -27,7 +27,8 @@ import threading
 from decimal import Decimal
 from fractions import Fraction
 
-from .._atomic import put_in_place
+from .._internal import validation
+from .._internal.atomic import put_in_place
 from ..gopen import gopen, local_path
 from ..writer import ShardWriter, TarWriter, _compression
 from .common import PARTIAL, check_output, die
@@ -56,15 +57,13 @@ def parse_size(text):
                                      "(examples: 3e9, 500M, 1G, 512Mi)")
 
 
-def positive_int(text):
-    """A count for ``--maxcount`` and ``--buffer``."""
+def positive_int(text: str) -> int:
+    """An argparse type for a count of at least one (``--maxcount``, ``--buffer``, ``--workers``, ...): the rule
+    of :func:`wdsmp._internal.validation.positive_int`, applied to the text as an integer."""
     try:
-        value = int(text)
+        return validation.positive_int(int(text), "the value")
     except ValueError:
-        value = 0
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}")
-    return value
+        raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}") from None
 
 
 def is_pattern(name):

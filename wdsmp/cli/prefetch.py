@@ -13,7 +13,7 @@ A shard already in the cache is read through the tar reader too (a local read, f
 cheaper than the fetch it saves): a loader only checks a cache file's first block, so a
 file cut short (a full disk, a copy of the directory that stopped halfway) would pass
 there and stop training later. A damaged one is removed, under the entry's exclusive
-lock (NOTE [cache entry], in :mod:`wdsmp._cacheentry`), and fetched again, and the
+lock (NOTE [cache entry], in :mod:`wdsmp.storage.cacheentry`), and fetched again, and the
 shard's line says so. The size the source announces would be cheaper to compare but is
 not there for every source (``pipe:``, chunked HTTP), and matches a file whose bytes are
 damaged.
@@ -24,8 +24,8 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .._atomic import remove_if_present
-from .._cacheentry import CachedFile, EntryLock
+from .._internal.atomic import remove_if_present
+from ..storage.cacheentry import CachedFile, EntryLock
 from ..cache import FileCache, islocal
 from ..errors import ShardError
 from ..tariterators import tar_file_iterator

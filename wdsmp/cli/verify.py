@@ -9,7 +9,7 @@ cannot be opened (a missing file, an HTTP error) is a problem of that shard like
 Each problem names the shard, the member and its byte offset where there is one.
 
 ``--index`` compares sample counts, sizes and sha256 digests with a manifest (see
-:mod:`wdsmp.shardindex`); the digest comes from the same pass that reads the tar. A
+:mod:`wdsmp.shards.index`); the digest comes from the same pass that reads the tar. A
 manifest without sizes or digests (one written by ``ShardWriter(index=...)`` holds counts
 only) cannot catch a changed byte: the summary then says which checks were not made.
 ``--decode`` decodes every image with the loaders' image decoder, and every JPEG once more
@@ -26,9 +26,9 @@ from typing import List, Optional
 
 from ..autodecode import ImageHandler
 from ..errors import SampleError, TarFormatError
-from ..imagesize import is_jpeg
+from ..images.size import is_jpeg
 from ..gopen import gopen, local_path
-from ..shardindex import read_entries
+from ..shards.index import read_entries
 from ..tariterators import base_plus_ext, group_by_keys, tar_file_expander
 from .common import Progress, add_common, die, distinct_shards, expand_inputs, print_json
 
@@ -135,7 +135,7 @@ def open_counted(url, hashed=False):
 
 def _noted(members, report):
     """Members passed through; each link member is noted in ``report`` (NOTE [tar links] in
-    ``tarformat``): wdsmp gives it the data of the member it names, other readers drop it."""
+    ``wdsmp.formats.tar``): wdsmp gives it the data of the member it names, other readers drop it."""
     for member in members:
         if isinstance(member, dict) and "__link__" in member:
             report.notes.append(Problem(report.url, "link", f"link member read as {member['__link__']!r}, "

@@ -2,8 +2,8 @@
 
 ``loader.py`` is the front end; ``delivery.py``, ``layout.py``, ``ring.py``, ``messages.py``,
 ``worker.py``, ``pool.py``, ``imagedecode.py`` and ``transfer.py`` are its parts, one idea
-each. The epoch plan it follows (``wdsmp/epochplan.py``) and the range reader
-(``wdsmp/ranges.py``) serve the reference path's ``ExactSamples`` too, so they live below both.
+each. The epoch plan it follows (``wdsmp/epochs/plan.py``) and the range reader
+(``wdsmp/epochs/ranges.py``) serve the reference path's ``ExactSamples`` too, so they live below both.
 
 ``Batch`` and ``FastLoader`` are imported on first use: the worker processes import
 ``wdsmp.fast.worker`` and not the front end (NOTE [worker processes] in ``pool.py``).

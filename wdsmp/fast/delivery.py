@@ -76,7 +76,7 @@ import time
 import warnings
 from time import perf_counter_ns
 
-from .._redact import redacted
+from .._internal.redact import redacted
 from ..errors import WorkerError
 from .messages import BatchReady, Reading, WorkerDone, WorkerFailed, WorkerWarning
 from .pool import EOF, StartFailed, describe_exit

@@ -1,6 +1,6 @@
 """One image's bytes to a fixed-size RGB crop, written straight into a slot row.
 
-FastLoader's decode step (DESIGN.md §3, step 4). The crop box is chosen in
+FastLoader's decode step, in each worker. The crop box is chosen in
 the source's full-resolution pixels from the header alone; a JPEG is then
 decoded by libjpeg-turbo at the smallest DCT scale (1/8, 1/4 or 1/2) that
 still leaves the box at least as large as the output (less IDCT, colour
@@ -10,8 +10,8 @@ it that the crop reads (NOTE [jpeg regions]); the native kernel then resizes
 (binary ``.ppm``, ``.npy``) skip decoding altogether, FFCV's recipe for speed.
 Everything else goes through Pillow: slower, not an error.
 
-NOTE [jpeg regions]: with the region decoder built (``wdsmp._jpegregion``,
-see :func:`wdsmp.native.jpeg_region_available`), a JPEG is decoded only over
+NOTE [jpeg regions]: with the region decoder built (``wdsmp.native._jpegregion``,
+see :func:`wdsmp.native.core.jpeg_region_available`), a JPEG is decoded only over
 the rows and columns that the resize kernel's taps read for the box (the box
 widened by the filter's support, ``max(1, box / out)`` pixels, on each side),
 plus one pixel on each side: libjpeg-turbo's fancy upsampling of 4:2:x chroma
@@ -43,9 +43,9 @@ from typing import NamedTuple, Tuple
 
 import numpy as np
 
-from .. import native
+from ..native import core as native
 from ..errors import DecodeError
-from ..imagesize import (MAX_PIXELS, MAX_SIDE, ImageTooLarge, check_before_opening, check_budget, check_jpeg,
+from ..images.size import (MAX_PIXELS, MAX_SIDE, ImageTooLarge, check_before_opening, check_budget, check_jpeg,
                          check_size, is_jpeg, jpeg_size, loader_pixel_budget)
 from .options import DecodeOptions, positive_range, unit_fraction
 

@@ -23,7 +23,7 @@ from typing import Tuple
 
 import numpy as np
 
-from ..validation import positive_int
+from .._internal.validation import positive_int
 
 __all__ = [
     "FIELD_ALIGN",

@@ -1,8 +1,8 @@
 """FastLoader: decoded, cropped, batched images from WebDataset shards, made by worker processes
 straight into shared memory.
 
-The front end of the fast path (DESIGN.md §3): it checks its arguments
-(``options.py``), plans each epoch (``epochplan.py``), creates the ring
+The front end of the fast path (docs/fastloader.md): it checks its arguments
+(``options.py``), plans each epoch (``wdsmp/epochs/plan.py``), creates the ring
 (``ring.py``), runs the workers (``worker.py`` in a ``pool.py``, held with the
 ring in ``resources.py``), and hands out each slot as tensors without copying
 (``delivery.py``, ``batches.py``; on a GPU ``transfer.py``).
@@ -26,7 +26,7 @@ NOTE [sample order]
     offset (local uncompressed files without link members) is a uniform
     permutation of all its samples (``epochplan.SampleSequence``): each
     worker reads its stretch of it, one ``pread`` per sample at the offsets
-    the header walk found (``samplespans.py``, kept with the counts), and the
+    the header walk found (``wdsmp/epochs/spans.py``, kept with the counts), and the
     shuffle buffer is off unless asked for. Exact epochs, equal batches on
     every rank, ``len()`` and resuming are as in shard order. Otherwise
     (remote shards, gzip, ``resampled``, ``exact=False``) the epoch is read
@@ -41,7 +41,7 @@ NOTE [elastic resume]
     its streams, so one rank's ``state_dict`` says what every rank delivered:
     ``load_state_dict`` on a loader with another ``world_size`` deals the
     samples no rank delivered to the new ranks, each at most once, the same
-    number of full batches on each (``epochplan``, Elastic); the next epochs
+    number of full batches on each (``wdsmp.epochs.plan``, Elastic); the next epochs
     are planned for the new ranks as usual. Where that cannot be known, it
     refuses and says why: epochs of whole shards, a shuffle buffer (it mixes
     delivered and undelivered samples: the global order needs none), stages
@@ -68,11 +68,11 @@ import weakref
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
-from ..epochplan import EpochPlan, EpochPlanner, PlanPosition, round_robin_share, streams_of_workers
+from ..epochs.plan import EpochPlan, EpochPlanner, PlanPosition, round_robin_share, streams_of_workers
 from ..handlers import reraise_exception
-from ..samplespans import locate_samples
-from ..shardcount import known_counts
-from ..validation import is_int
+from ..epochs.spans import locate_samples
+from ..epochs.counts import known_counts
+from .._internal.validation import is_int
 from . import pool as _pool
 from .batches import Batch, SlotTensors
 from .bottleneck import shard_source
@@ -105,7 +105,7 @@ class FastLoader:
 
     Data: ``urls`` is a shard spec (``"train-{0000..0146}.tar"``, any gopen URL), a list of
     URLs or ``(url, sample_count)`` pairs, or the path or URL of a shard index (``.json``,
-    see ``wdsmp.shardindex``); ``index=`` adds counts from an index to given URLs. Local
+    see ``wdsmp.shards.index``); ``index=`` adds counts from an index to given URLs. Local
     shards without counts count themselves (their tar headers, kept in a cache under
     ``cache_dir`` or the user's cache directory); remote ones take theirs from the index
     beside them (``index.json``), if any. With every count known, epochs are exact (every
@@ -176,7 +176,7 @@ class FastLoader:
     worker, shard and member; ``handler=wdsmp.warn_and_continue`` skips bad samples instead
     (counted in ``stats``; NOTE [full batches] in ``worker.py``); a stage that yields anything
     but a sample dict (None) is such an error too. A shard whose sample count differs from the
-    index's is read as planned, with a warning (NOTE [stale counts] in ``ranges.py``). A worker
+    index's is read as planned, with a warning (NOTE [stale counts] in ``wdsmp/epochs/ranges.py``). A worker
     that shows no sign of life for ``stall_timeout`` seconds (120; stopped, stuck in a read,
     deadlocked) is killed and reported (NOTE [stalled workers] in ``delivery.py``); ``timeout``
     bounds the wait for any one batch (none by default). Batches are views of shared
@@ -302,7 +302,7 @@ class FastLoader:
 
     def plan(self, position: Union[int, PlanPosition, None] = None) -> EpochPlan:
         """This rank's ``EpochPlan`` of epoch ``position`` (default: the next one; or a
-        ``PlanPosition``): what each stream reads (see ``epochplan.py``). A position counts the
+        ``PlanPosition``): what each stream reads (see ``wdsmp/epochs/plan.py``). A position counts the
         streams the epoch started with; a new epoch has one per worker."""
         return self._planner.plan(self.epoch if position is None else position)
 

@@ -11,7 +11,7 @@ import traceback as _traceback
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
-from .._redact import redacted
+from .._internal.redact import redacted
 from ..errors import WorkerError
 
 __all__ = ["BatchReady", "EpochTask", "Reading", "Stop", "WorkerDone", "WorkerFailed", "WorkerWarning"]

@@ -15,8 +15,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional, Tuple, Union
 
 from .. import handlers
-from ..imagesize import loader_pixel_budget
-from ..validation import is_int, positive_int
+from ..images.size import loader_pixel_budget
+from .._internal.validation import is_int, positive_int
 from ..utils import pytorch_worker_info
 from .pool import START_METHODS
 

@@ -54,7 +54,7 @@ import types
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 
-from ..liveness import exit_with_parent
+from .._internal.liveness import exit_with_parent
 
 __all__ = ["BOOTSTRAP", "EOF", "START_METHODS", "StartFailed", "WorkerPool", "describe_exit", "main_module",
            "refers_to_main", "run_spawned", "starting_a_worker"]
@@ -89,12 +89,19 @@ def starting_a_worker():
     return _importing_main
 
 
+def _unpicklable(exn: BaseException) -> TypeError:
+    """The error for workers' arguments that do not pickle, with the ways out."""
+    return TypeError(f"what the workers are given must pickle, to reach their processes ({exn}): define "
+                     f"functions at module level (not lambdas, nor functions defined in functions), or "
+                     f"start the workers with start_method='fork'")
+
+
 def refers_to_main(obj):
-    """Whether unpickling ``obj`` needs the ``__main__`` module; when in doubt, yes."""
+    """Whether unpickling ``obj`` needs the ``__main__`` module; TypeError when ``obj`` does not pickle."""
     try:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception:
-        return True
+    except (pickle.PicklingError, AttributeError, TypeError) as exn:
+        raise _unpicklable(exn) from exn
     return any(arg in ("__main__", "__mp_main__") or (isinstance(arg, str) and arg.startswith("__main__ "))
                for _, arg, _ in pickletools.genops(data))
 
@@ -236,9 +243,7 @@ class WorkerPool:
         try:
             call = pickle.dumps((target, [tuple(args) for args in argsets]), protocol=pickle.HIGHEST_PROTOCOL)
         except (pickle.PicklingError, AttributeError, TypeError) as exn:
-            raise TypeError(f"what the workers are given must pickle, to reach their processes ({exn}): define "
-                            f"functions at module level (not lambdas, nor functions defined in functions), or "
-                            f"start the workers with start_method='fork'") from exn
+            raise _unpicklable(exn) from exn
         watch, self._sentinel = os.pipe()
         try:
             for _ in argsets:  # all started first: each imports its modules while the next starts

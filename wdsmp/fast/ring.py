@@ -44,7 +44,7 @@ import secrets
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
 
-from ..liveness import pid_alive
+from .._internal.liveness import pid_alive
 from .layout import BatchLayout
 
 __all__ = ["DEFAULT_PREFIX", "SHM_DIR", "Ring", "cleanup_stale"]

@@ -27,7 +27,7 @@ import copy
 import sys
 from time import perf_counter_ns
 
-from ..timing import ReadClock
+from .._internal.timing import ReadClock
 from .bottleneck import diagnose
 
 __all__ = ["BATCH_FIELDS", "STAGES", "LoaderStats", "WorkerClock"]

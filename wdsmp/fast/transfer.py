@@ -45,7 +45,7 @@ import os
 import warnings
 from time import perf_counter_ns
 
-from ..validation import positive_int
+from .._internal.validation import positive_int
 
 __all__ = ["CudaLoader", "rank_device_warning", "to_model_input"]
 

@@ -43,11 +43,11 @@ from typing import Callable, Optional, Tuple, Union
 
 import numpy as np
 
-from .._seeding import SampleDraws
-from ..epochplan import EpochPlanner
+from .._internal.seeding import SampleDraws
+from ..epochs.plan import EpochPlanner
 from ..errors import SampleError, WdsmpError
-from ..ranges import buffer_shuffled, read_ranges
-from ..samplespans import SpanReader, read_positions
+from ..epochs.ranges import buffer_shuffled, read_ranges
+from ..epochs.spans import SpanReader, read_positions
 from ..utils import make_seed
 from .imagedecode import decode_with_options
 from .messages import BatchReady, EpochTask, Reading, Stop, WorkerDone, WorkerFailed, WorkerWarning
@@ -77,7 +77,7 @@ class WorkerConfig:
     ``DataPipeline``. ``cache_dir``: shards are read through the shard cache
     there. ``planner``: the loader's ``EpochPlanner``, which turns each task's
     position into the epoch's plan; the shards' sample counts in it are
-    checked as the shards are read (NOTE [stale counts] in ``ranges.py``). In global order
+    checked as the shards are read (NOTE [stale counts] in ``wdsmp/epochs/ranges.py``). In global order
     (``planner.order``), ``paths``, ``spans`` and ``files`` are each shard's local file, its
     samples' byte spans and what identifies the version of the file they were found in
     (``samplespans.SpanReader``), by shard number.

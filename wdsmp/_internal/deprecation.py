@@ -1,0 +1,48 @@
+"""Decorators that mark functions ``@deprecated`` (a warning) or ``@obsolete`` (an error)."""
+
+import functools
+import warnings
+
+from . import env as _env
+from ..errors import WdsmpError
+
+__all__ = ["ObsoleteException", "deprecated", "obsolete"]
+
+
+def deprecated(arg=None):
+    """Decorator: calls warn with a DeprecationWarning; ``@deprecated`` or ``@deprecated("reason")``."""
+    reason = None if callable(arg) else arg
+
+    def decorator(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kw):
+            message = f"Call to deprecated function {func.__name__}."
+            if reason is not None:
+                message += f" Reason: {reason}"
+            warnings.warn(message, DeprecationWarning, stacklevel=2)
+            return func(*args, **kw)
+
+        return wrapper
+
+    return decorator(arg) if callable(arg) else decorator
+
+
+class ObsoleteException(WdsmpError):
+    """A function marked ``@obsolete`` was called without ``ALLOW_OBSOLETE=1``."""
+
+
+def obsolete(func=None, *, reason=None):
+    """Decorator: calls raise ObsoleteException unless the environment has ``ALLOW_OBSOLETE=1``."""
+    if func is None:
+        return functools.partial(obsolete, reason=reason)
+
+    @functools.wraps(func)
+    def wrapper(*args, **kw):
+        if not _env.allow_obsolete():
+            message = f"Call to obsolete function {func.__name__}. Set env ALLOW_OBSOLETE=1 to permit."
+            if reason is not None:
+                message += f" Reason: {reason}"
+            raise ObsoleteException(message)
+        return func(*args, **kw)
+
+    return wrapper
