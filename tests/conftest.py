@@ -121,6 +121,26 @@ def _open_files():
     return files
 
 
+# The tests that exercise the pure-Python twins (wdsmp.native's tarsplit_py, imgops_py and pilimage_py):
+# the tests of the modules with twins, and of the readers and loaders that call them. With
+# WDSMP_PUREPYTHON=1, CI's second pass runs these (``-m twins``); every other test reaches the twins
+# only through the same calls these make, so running it twice checks nothing more.
+TWIN_TESTS = frozenset({
+    "tests/test_tarsplit.py", "tests/test_tarheaders.py", "tests/test_tariterators.py", "tests/test_samplespans.py",
+    "tests/test_shardcount.py", "tests/test_roundtrip.py", "tests/test_specdecode.py", "tests/test_lazyjpeg.py",
+    "tests/test_autodecode.py", "tests/test_exact.py", "tests/test_cache.py", "tests/test_seeds.py",
+    "tests/fast/test_imgops.py", "tests/fast/test_imagedecode.py", "tests/fast/test_loader.py",
+    "tests/fast/test_order.py", "tests/cli/test_verify.py", "tests/cli/test_index.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+    for item in items:
+        if str(item.path.relative_to(root)) in TWIN_TESTS:
+            item.add_marker(pytest.mark.twins)
+
+
 def pytest_sessionstart(session):
     session.config._wdsmp_files = _open_files()
 
