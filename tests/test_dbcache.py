@@ -158,38 +158,34 @@ def test_same_keys_in_different_shards_are_different_samples(tmp_path):
     assert list(cache) == first  # served from the file: all 8, not one per key
 
 
-def _keyed_by_key_alone(path, samples, exhausted=False):
-    """A cache file as an older wdsmp left it: samples keyed by ``__key__`` alone, no key scheme."""
+def _unversioned(path, samples):
+    """A cache file with samples and no format version, as no release of wdsmp writes it."""
     codec = wdsmp.formats.samplecodec.SampleCodec("test")
     db = sqlite3.connect(path)
     db.execute("CREATE TABLE samples (id INTEGER PRIMARY KEY, key TEXT NOT NULL UNIQUE, data BLOB NOT NULL)")
     db.execute("CREATE TABLE meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)")
     for sample in samples:
         db.execute("INSERT INTO samples (key, data) VALUES (?, ?)", (sample["__key__"], codec.dumps(sample)))
-    if exhausted:
-        db.execute("INSERT INTO meta VALUES ('exhausted', ?)", (str(len(samples)),))
     db.commit()
     db.close()
 
 
-def test_an_unfinished_file_keyed_the_old_way_is_filled_again_and_a_finished_one_served(tmp_path):
-    """Refilling a file keyed by ``__key__`` alone would store its samples a second time under
-    their new keys (shard and key), and serve them twice."""
-    for number in range(2):
-        with wdsmp.TarWriter(str(tmp_path / f"shard-{number}.tar")) as writer:
-            for i in range(4):
-                writer.write({"__key__": f"{i:06d}", "txt": f"shard {number} sample {i}"})
-    pipeline = DataPipeline(SimpleShardList(str(tmp_path / "shard-{0..1}.tar")), tarfile_to_samples())
-    expected = list(pipeline)
-    _keyed_by_key_alone(tmp_path / "old.db", expected[:3])
-    with pytest.warns(RuntimeWarning, match="3 samples were stored by an older wdsmp .* filled again"):
-        cache = DBCache(pipeline, tmp_path / "old.db", 8, verbose=False)
-    assert list(cache) == expected
-    assert list(cache) == expected  # served from the file: each sample once
-    _keyed_by_key_alone(tmp_path / "done.db", expected[:3], exhausted=True)
-    assert list(DBCache(pipeline, tmp_path / "done.db", 8, verbose=False)) == expected[:3]
-    with sqlite3.connect(tmp_path / "old.db") as db:
-        assert db.execute("SELECT count(*) FROM samples").fetchone() == (8,)
+def test_the_file_carries_its_format_version_and_another_version_is_refused(tmp_path):
+    source = [{"__key__": f"{i:06d}", "txt": f"sample {i}"} for i in range(4)]
+    path = tmp_path / "cache.db"
+    assert list(DBCache(source, path, 8, verbose=False)) == source
+    with sqlite3.connect(path) as db:
+        assert dict(db.execute("SELECT name, value FROM meta WHERE name IN ('format', 'version')")) == {
+            "format": "wdsmp.DBCache", "version": "1"}
+        db.execute("UPDATE meta SET value = '7' WHERE name = 'version'")
+    with pytest.raises(ValueError, match=r"DBCache '.*cache\.db' .* is wdsmp\.DBCache version 7; this wdsmp reads "
+                                         r"version 1"):
+        DBCache(source, path, 8, verbose=False)
+    _unversioned(tmp_path / "other.db", source[:2])
+    with pytest.raises(ValueError, match=r"other\.db' .* is not in a known version of wdsmp\.DBCache .*"
+                                         r"version=None; this wdsmp reads wdsmp\.DBCache version 1"):
+        DBCache(source, tmp_path / "other.db", 8, verbose=False)
+    assert list(DBCache(source, path.with_name("new.db"), 8, verbose=False)) == source  # a new file is stamped
 
 
 def test_a_file_that_is_no_database_is_named_in_the_error(tmp_path):

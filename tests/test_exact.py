@@ -147,6 +147,13 @@ def test_state_checked_against_the_source(index):
             loader.load_state_dict(dict(state, **{name: value}))
     with pytest.raises(ValueError, match="batches_done=99, not within the epoch's 6 batches"):
         loader.load_state_dict(dict(state, batches_done=99))
+    assert (state["format"], state["version"]) == ("wdsmp.ExactSamples", 1)
+    with pytest.raises(ValueError, match="state is wdsmp.ExactSamples version 3; this wdsmp reads version 1"):
+        loader.load_state_dict(dict(state, version=3))
+    with pytest.raises(ValueError, match="not in a known version of wdsmp.ExactSamples .*format=None, version=None"):
+        loader.load_state_dict({name: value for name, value in state.items() if name not in ("format", "version")})
+    with pytest.raises(ValueError, match="state lacks streams: it is not a whole state_dict"):
+        loader.load_state_dict({name: value for name, value in state.items() if name != "streams"})
     with pytest.raises(ValueError, match="need a pipeline that reads from wds.ExactSamples"):
         wds.DataPipeline(range(3)).state_dict()
 

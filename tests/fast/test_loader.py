@@ -436,17 +436,32 @@ def test_resume_with_another_worker_count_gives_exactly_the_rest(shards, num_wor
 
 def test_a_state_of_whole_shard_epochs_is_refused_by_an_exact_loader(shards):
     _, index, _ = shards
-    with _loader(index, exact=False) as loader:
+    with _loader(index, exact=False, order="shards") as loader:
         state = loader.state_dict()
     with _loader(index, order="shards") as loader:
         with pytest.raises(ValueError, match="state was saved with exact=False, this loader has True"):
             loader.load_state_dict(state)
-        for name in ("exact", "policy", "shuffle", "shards", "order"):
-            del state[name]  # a state saved before the settings existed: in shard order, the rest taken as it is
-        loader.load_state_dict(state)
-    with _loader(index) as loader:  # local shards: in global order, which such a state cannot be
+    with _loader(index, order="global") as loader:
         with pytest.raises(ValueError, match="saved with the samples in shards order.*order='shards'"):
-            loader.load_state_dict(state)
+            loader.load_state_dict(dict(state, exact=True))
+
+
+def test_a_state_carries_its_format_version_and_another_or_a_partial_one_is_refused(shards):
+    _, index, _ = shards
+    with _loader(index) as loader:
+        state = loader.state_dict()
+        assert (state["format"], state["version"]) == ("wdsmp.FastLoader", 1)
+        loader.load_state_dict(state)
+        with pytest.raises(ValueError, match="state is wdsmp.FastLoader version 2; this wdsmp reads version 1"):
+            loader.load_state_dict(dict(state, version=2))
+        unversioned = {name: value for name, value in state.items() if name not in ("format", "version")}
+        with pytest.raises(ValueError, match="state is not in a known version of wdsmp.FastLoader .*version=None"):
+            loader.load_state_dict(unversioned)
+        with pytest.raises(ValueError, match="not in a known version of wdsmp.FastLoader .*format='wdsmp.ExactSamples'"):
+            loader.load_state_dict(dict(state, format="wdsmp.ExactSamples"))
+        with pytest.raises(ValueError, match="state lacks worker_batches, seed: it is not a whole state_dict"):
+            loader.load_state_dict({name: value for name, value in state.items()
+                                    if name not in ("worker_batches", "seed")})
 
 
 def test_resampled_epochs_have_the_asked_length(shards):

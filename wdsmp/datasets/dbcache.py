@@ -16,12 +16,12 @@ Samples are stored under the value of their ``key`` field (``__key__``), with
 the shard they came from (``__url__``) when they have one, as shards written
 apart often reuse keys; or under a hash of their stored bytes when they have no
 key (tuples, decoded samples without keys): a sample already stored is not
-stored twice. (A file an older wdsmp began to fill under keys alone is filled
-again from the start, with a warning; a complete one is served as it is.) They are stored
+stored twice. The file records its format's version, and a file of another
+version (or none) is refused, naming both, never served as if current. They are stored
 in a format whose reading runs no code (:mod:`wdsmp.formats.samplecodec`: what samples
 are made of, bytes, numbers, text, containers, arrays, tensors, images); a
 sample holding other objects is pickled, as webdataset's DBCache pickles every
-sample, and files written so (or by an older wdsmp) are read as before. Under
+sample, and files written so are read back. Under
 ``WDS_SECURE=1`` nothing is pickled or unpickled: such a sample, or a file
 holding pickles, is a ValueError, so a cache file from elsewhere cannot run
 code.
@@ -40,13 +40,13 @@ import hashlib
 import os
 import sqlite3
 import sys
-import warnings
 from typing import Any, Iterable, Optional, Union
 
 from torch.utils.data import IterableDataset, get_worker_info
 
 from ..formats.samplecodec import SampleCodec
 from .._internal.validation import is_int
+from .._internal.versions import check_version
 
 __all__ = ["DBCache"]
 
@@ -61,8 +61,8 @@ _COUNT = "SELECT coalesce(max(id), 0) FROM samples"
 _INSERT = ("INSERT OR IGNORE INTO samples (key, data) SELECT ?, ? "
            "WHERE (SELECT coalesce(max(id), 0) FROM samples) < ?")
 _EXHAUSTED = "exhausted"
-# The meta entry naming how samples are keyed; files without it were keyed by __key__ alone.
-_KEYS, _KEYS_WITH_SHARD = "keys", "key within shard"
+# The file's format and version, in the meta table: version 1 keys samples by their key within their shard.
+_FORMAT, _VERSION = "wdsmp.DBCache", 1
 
 
 class DBCache(IterableDataset):
@@ -110,34 +110,36 @@ class DBCache(IterableDataset):
                 db.execute("PRAGMA synchronous=NORMAL")  # WAL stays consistent; a crash loses the last inserts
                 for statement in _SCHEMA:
                     db.execute(statement)
-                self._check_keys(db)
+                self._check_version(db)
             except sqlite3.Error as exn:
                 db.close()
                 raise type(exn)(f"DBCache {self.fname!r}: {exn}") from exn
+            except ValueError:
+                db.close()
+                raise
             self._db, self._pid = db, os.getpid()
         return self._db
 
-    def _check_keys(self, db):
-        """Mark a new file's key scheme; empty an unfinished one keyed by ``__key__`` alone (by an
-        older wdsmp), whose refilling would store the samples it holds again under new keys."""
-        marked = "SELECT 1 FROM meta WHERE name = ?"
-        if db.execute(marked, (_KEYS,)).fetchone() is not None:
-            return
-        db.execute("BEGIN IMMEDIATE")  # one process at a time looks again and acts
-        try:
-            if db.execute(marked, (_KEYS,)).fetchone() is None:
-                total = self._count(db)
-                if total and not self._complete(db, total):
-                    warnings.warn(f"DBCache {self.fname!r}: its {total} samples were stored by an older "
-                                  f"wdsmp under their keys alone, on which shards that reuse keys collide; "
-                                  f"it is filled again from the start", RuntimeWarning, stacklevel=4)
-                    db.execute("DELETE FROM samples")
-                    db.execute("DELETE FROM meta")
-                db.execute("INSERT INTO meta (name, value) VALUES (?, ?)", (_KEYS, _KEYS_WITH_SHARD))
-            db.execute("COMMIT")
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
+    def _check_version(self, db: sqlite3.Connection) -> None:
+        """Stamp a new file with the format's version; ValueError for a file of another version,
+        or one that holds samples and no version (not written by this format)."""
+        query = "SELECT name, value FROM meta WHERE name IN ('format', 'version')"
+        found = dict(db.execute(query).fetchall())
+        if not found:
+            db.execute("BEGIN IMMEDIATE")  # one process at a time looks again and stamps
+            try:
+                found = dict(db.execute(query).fetchall())
+                if not found and not self._count(db):
+                    db.executemany("INSERT INTO meta (name, value) VALUES (?, ?)",
+                                   [("format", _FORMAT), ("version", str(_VERSION))])
+                    found = {"format": _FORMAT, "version": str(_VERSION)}
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        version = found.get("version")
+        check_version({"format": found.get("format"), "version": int(version) if str(version).isdigit() else version},
+                      _FORMAT, (_VERSION,), f"DBCache {self.fname!r} (delete the file to rebuild it)")
 
     @staticmethod
     def _count(db):

@@ -34,6 +34,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from .._internal.versions import versioned
 from .._internal import env
 from .._internal.atomic import atomic_write
 from ..errors import ShardError
@@ -109,7 +110,9 @@ def _unpacked_spans(text, count, size):
     """The spans kept as ``text``, or None unless they are ``count`` ordered, block-aligned spans
     within a file of ``size`` bytes."""
     try:
-        steps = np.frombuffer(zlib.decompress(base64.b64decode(text, validate=True)), dtype="<i8")
+        # No more than the entry's count says (two steps of 8 bytes a sample): a bomb stops there.
+        raw = zlib.decompressobj().decompress(base64.b64decode(text, validate=True), 16 * count + 1)
+        steps = np.frombuffer(raw, dtype="<i8") if len(raw) % 8 == 0 else np.empty(0, "<i8")
     except (ValueError, TypeError, zlib.error):
         return None
     if steps.size != 2 * count or (steps < 0).any():
@@ -119,6 +122,10 @@ def _unpacked_spans(text, count, size):
     if count and (flat[-1] > size or (spans[:, 1] <= spans[:, 0]).any()):
         return None
     return spans
+
+
+# The count cache's files: their format and version (version 1: counts, spans as packed steps).
+_FORMAT, _VERSION = "wdsmp.CountCache", 1
 
 
 class CountCache:
@@ -132,7 +139,8 @@ class CountCache:
     rename), merged with what is there: processes writing at once (the ranks of a node) lose
     at most each other's new entries, never a count's correctness. What is read is checked, as
     a planted count would take samples out of every epoch: a file that is not this user's (the
-    names are predictable, and ``root`` may be shared) is ignored, and so is an entry that is
+    names are predictable, and ``root`` may be shared) is ignored, and so is one of another format
+    version (a cache is rebuilt, never refused), and an entry that is
     not a count a file of its size can hold (at least 1, at most one per 512-byte tar header);
     those shards are counted again. ``root`` is made private (mode 0700) when made here.
     """
@@ -158,6 +166,8 @@ class CountCache:
             return {}  # unreadable: counted again
         if not isinstance(entries, dict) or entries.get("directory") != directory:
             return {}
+        if entries.get("format") != _FORMAT or entries.get("version") != _VERSION:
+            return {}  # another version's cache (or none): counted again, and rewritten in this one
         shards = entries.get("shards")
         return shards if isinstance(shards, dict) else {}
 
@@ -202,7 +212,8 @@ class CountCache:
                 elif walk.why is not None:
                     entry["why"] = walk.why
                 shards[os.path.basename(p)] = entry
-            text = json.dumps({"directory": directory, "shards": shards}, separators=(",", ":"))
+            text = json.dumps(versioned(_FORMAT, _VERSION, {"directory": directory, "shards": shards}),
+                              separators=(",", ":"))
             try:
                 os.makedirs(self.root, mode=0o700, exist_ok=True)
                 with atomic_write(path, f"{path}.tmp{os.getpid()}-{uuid.uuid4().hex[:8]}") as temp:

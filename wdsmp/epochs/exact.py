@@ -48,52 +48,47 @@ NOTE [exact epochs in the reference path]
       the source is pickled for them.
 """
 
-import random
 import warnings
 from dataclasses import replace
 from itertools import islice
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from torch.utils.data import DataLoader, get_worker_info
 
 from ..stages.base import Curried
 from .._internal.validation import is_int
-from .plan import ORDERS, POLICIES, EpochPlan, plan_epoch
+from .._internal.versions import check_version, versioned
+from .plan import ORDERS, POLICIES, EpochPlan, StreamPlan, plan_epoch
 from ..filters import detshuffle, shuffle
 from ..handlers import reraise_exception
 from ..pipeline import CountedSource
-from .ranges import buffer_shuffled, read_ranges
-from .spans import SpanReader, locate_samples, read_positions
+from .spans import SpanReader, locate_samples
+from .stream import stream_samples, stream_start
 from .counts import known_counts
-from ..utils import make_seed, pytorch_worker_info
+from ..utils import pytorch_worker_info
 
 __all__ = ["ExactSamples"]
 
-
-def _read(plan, handler, cache_dir, counts, spans, resume):
-    """The samples of a stream: by position in global order (``spans``, a ``SpanReader``), else by
-    shard range."""
-    if plan.order == "global":
-        refs = ((shard, index, url) for shard, index, url, _ in plan.samples(resume))
-        return read_positions(spans, refs, handler)
-    return read_ranges(plan.shards(resume), handler, cache_dir, counts=counts)
+# The format of the states ExactSamples saves: a pipeline's state_dict() and WebLoader's.
+STATE_FORMAT = "wdsmp.ExactSamples"
+STATE_VERSION = 1
 
 
-class _Stream:
-    """One stream of the plan (its ``StreamPlan``), read forward batch by batch."""
+class _PlanStream:
+    """One stream of the plan (its ``StreamPlan``), read forward batch by batch through the reader
+    FastLoader's workers use (``stream.stream_samples``)."""
 
-    def __init__(self, plan, batch_size, shuffle_buffer, handler, cache_dir, first_batch, counts, spans):
-        self.batch_size = batch_size
-        if shuffle_buffer > 1:  # the order depends on everything before: replay from the start
-            samples = _read(plan, handler, cache_dir, counts, spans, resume=False)
-            samples = buffer_shuffled(samples, shuffle_buffer, random.Random(make_seed(plan.seed, "shuffle")))
-            self.position = 0
-        else:  # skip the first batches by count
-            samples = _read(replace(plan, skip_batches=first_batch), handler, cache_dir, counts, spans, resume=True)
-            self.position = first_batch * batch_size
-        self.samples = samples
+    def __init__(self, plan: StreamPlan, shuffle_buffer: int, handler: Callable[[BaseException], bool],
+                 cache_dir: Optional[str], first_batch: int, counts: List[Optional[int]],
+                 spans: Optional[SpanReader]) -> None:
+        self.batch_size = plan.batch_size
+        plan = replace(plan, skip_batches=first_batch)
+        start = stream_start(plan, shuffle_buffer)
+        self.samples = stream_samples(plan, start, shuffle_buffer=shuffle_buffer, spans=spans, handler=handler,
+                                      cache_dir=cache_dir, counts=counts)
+        self.position = first_batch * self.batch_size
 
-    def batch(self, k):
+    def batch(self, k: int) -> Iterator[Dict[str, Any]]:
         """The samples of the stream's batch ``k`` (``k`` never below an earlier call's)."""
         start = k * self.batch_size
         for _ in islice(self.samples, start - self.position):
@@ -101,8 +96,8 @@ class _Stream:
         self.position = start + self.batch_size
         return islice(self.samples, self.batch_size)
 
-    def close(self):
-        self.samples.close()
+    def close(self) -> None:
+        self.samples.close()  # type: ignore[attr-defined]  # a generator: its files close with it
 
 
 class ExactSamples(CountedSource):
@@ -220,15 +215,20 @@ class ExactSamples(CountedSource):
     def state(self, epoch: int, batches_done: int, streams: int) -> Dict[str, Any]:
         """The state a pipeline saves after ``batches_done`` batches of ``epoch``."""
         rank, world_size = self.node()
-        return {"epoch": epoch, "batches_done": batches_done, "streams": streams,
-                "batch_size": self.batch_size, "seed": self.seed, "policy": self.policy,
-                "shards": len(self.shards), "rank": rank, "world_size": world_size, "order": self.order}
+        return versioned(STATE_FORMAT, STATE_VERSION, {
+            "epoch": epoch, "batches_done": batches_done, "streams": streams,
+            "batch_size": self.batch_size, "seed": self.seed, "policy": self.policy,
+            "shards": len(self.shards), "rank": rank, "world_size": world_size, "order": self.order})
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Continue from ``state`` (``state_dict()`` of a pipeline on an identical source) at the
-        next iteration; ValueError if it was saved with other settings or does not fit."""
+        next iteration; ValueError if it was saved with other settings, in another format or
+        version, or does not fit."""
+        check_version(state, STATE_FORMAT, (STATE_VERSION,), "state")
         mine = self.state(0, 0, 1)
-        state = dict({"order": "shards"}, **state)  # states saved by earlier wdsmp: all in shard order
+        missing = [name for name in mine if name not in state]
+        if missing:
+            raise ValueError(f"state lacks {', '.join(missing)}: it is not a whole state_dict()")
         for name in ("batch_size", "seed", "policy", "shards", "rank", "world_size", "order"):
             if state.get(name) != mine[name]:
                 raise ValueError(f"state was saved with {name}={state.get(name)!r}, this source has "
@@ -255,8 +255,8 @@ class ExactSamples(CountedSource):
             for d in range(done + worker, plan.batches_per_rank, num_workers):
                 s, k = d % nstreams, d // nstreams
                 if s not in streams:
-                    streams[s] = _Stream(plan.streams[s], self.batch_size, self.shuffle_buffer, self.handler,
-                                         self.cache_dir, k, [count for _, count in self.shards], spans)
+                    streams[s] = _PlanStream(plan.streams[s], self.shuffle_buffer, self.handler, self.cache_dir, k,
+                                             [count for _, count in self.shards], spans)
                 yield from streams[s].batch(k)
         finally:
             for stream in streams.values():

@@ -72,6 +72,7 @@ NOTE [stalled workers]
     (it is indistinguishable from a long computation): ``timeout`` bounds that.
 """
 
+import enum
 import time
 import warnings
 from time import perf_counter_ns
@@ -87,6 +88,36 @@ _POLL = 0.5  # seconds between liveness checks while waiting for a batch
 
 
 _ENDS_WAIT = 1.0  # seconds the last batch waits for the streams' ends that follow it (milliseconds as a rule)
+
+
+class Phase(enum.Enum):
+    """Where an epoch's delivery stands. The transitions (``_NEXT_PHASES``)::
+
+        READING --the last planned batch taken--> ALL_TAKEN
+        READING, ALL_TAKEN --the end reached, with batches taken ahead not yet handed out (.cuda()),
+                             or abandoned--> FINISHED
+        READING, ALL_TAKEN --the end reached, every batch handed out--> COMPLETE
+        FINISHED --the last batch taken ahead handed out--> COMPLETE
+
+    Whether every stream's end has arrived (the next epoch may go ahead) is another matter, kept
+    beside it in ``Delivery.streams_ended``."""
+
+    READING = "batches still to come from the workers"
+    ALL_TAKEN = "every planned batch taken from the workers (known counts only)"
+    FINISHED = "no more batches will come"
+    COMPLETE = "no more batches will come, and all went to the user: state_dict moves to the next epoch"
+
+    @property
+    def finished(self):
+        return self in (Phase.FINISHED, Phase.COMPLETE)
+
+
+_NEXT_PHASES = {
+    Phase.READING: {Phase.ALL_TAKEN, Phase.FINISHED, Phase.COMPLETE},
+    Phase.ALL_TAKEN: {Phase.FINISHED, Phase.COMPLETE},
+    Phase.FINISHED: {Phase.COMPLETE},
+    Phase.COMPLETE: set(),
+}
 
 
 class Delivery:
@@ -127,10 +158,8 @@ class Delivery:
         self.total = [None] * plan.num_streams  # each stream's batch count, once it is done
         self.pending = {}  # (stream, index) -> its BatchReady, arrived ahead of its turn
         self.held = None  # the BatchReady whose slot the user holds (NOTE [batch lifetime])
-        self.all_made = False  # every stream has ended: the next epoch's tasks may go (NOTE [next epoch ahead])
-        self.all_taken = False  # every planned batch taken from the workers (known counts only)
-        self.finished = False  # no more batches will come
-        self.complete = False  # ... and all were handed out: ``state_dict`` moves to the next epoch
+        self.phase = Phase.READING
+        self.streams_ended = False  # every stream's end arrived: the next epoch may go (NOTE [next epoch ahead])
         self.reading = {}  # worker -> the shard it said it reads
         self.activity = {}  # worker -> (its last activity snapshot, when that was first seen)
         self.checked = time.monotonic()  # the last liveness check
@@ -143,7 +172,7 @@ class Delivery:
     def handed_out(self):
         """Whether every batch of the epoch went to the user (its end asked for or not):
         ``state_dict`` moves to the next epoch."""
-        return self.complete or (self.all_taken and self.handed == self.delivered)
+        return self.phase is Phase.COMPLETE or (self.phase is Phase.ALL_TAKEN and self.handed == self.delivered)
 
     def __len__(self):
         if self.plan.remaining is None:
@@ -170,12 +199,12 @@ class Delivery:
     def next_message(self, wait=True):
         """The next ``BatchReady`` in delivery order; the caller must ``release`` it, and ``hand``
         it when its batch goes to the user. ``wait=False``: None if it has not arrived yet."""
-        if self.finished:
+        if self.phase.finished:
             raise StopIteration
         self.resources.check_open()
         started, waiting = time.monotonic(), perf_counter_ns()
         try:
-            if not self.all_made or not wait:  # read what came meanwhile: the epoch's end, as soon as it is made
+            if not self.streams_ended or not wait:  # read what came meanwhile: the epoch's end, as soon as it is made
                 for worker, message in self.workers.pool.receive(self._listening(), 0.0):
                     self._dispatch(worker, message)
             while True:
@@ -194,8 +223,8 @@ class Delivery:
             raise
         self.delivered[stream] += 1
         self.stats.add_batch(message, perf_counter_ns() - waiting, self.plan.epoch)
-        if not self.all_taken and self._last_batch_delivered():
-            self.all_taken = True
+        if self.phase is Phase.READING and self._last_batch_delivered():
+            self._advance(Phase.ALL_TAKEN)
             self._await_ends()
         if self.variety is not None and not self.variety.done:
             labels = self.slots.labels(message)
@@ -208,7 +237,7 @@ class Delivery:
         once, so that the next epoch goes ahead now (NOTE [next epoch ahead]), not at the next
         ``next()``, which may never come before the training loop's last steps."""
         deadline = time.monotonic() + _ENDS_WAIT
-        while not self.all_made and self._listening() and time.monotonic() < deadline:
+        while not self.streams_ended and self._listening() and time.monotonic() < deadline:
             for worker, message in self.workers.pool.receive(self._listening(), deadline - time.monotonic()):
                 self._dispatch(worker, message)
 
@@ -222,7 +251,8 @@ class Delivery:
         self.handed[message.stream] += 1
         self.consumed[message.stream] = message.consumed
         self.read[message.stream] = message.read
-        self.complete = self.finished and self.handed == self.delivered
+        if self.phase is Phase.FINISHED and self.handed == self.delivered:
+            self._advance(Phase.COMPLETE)
 
     def release(self, message):
         """Give the slot of ``message`` back to the worker that filled it."""
@@ -232,7 +262,7 @@ class Delivery:
         """The next ``iter()`` comes (or the loader closes): an epoch whose batches were all handed
         out, its end never asked for (``zip(range(len(loader)), loader)``), is ended as its end
         would have ended it, and its workers go on with the next epoch; any other is abandoned."""
-        if not self.finished and self.handed_out and not self.resources.closed:
+        if not self.phase.finished and self.handed_out and not self.resources.closed:
             try:
                 self.next_message()
             except StopIteration:
@@ -248,8 +278,8 @@ class Delivery:
     def abandon(self):
         """End the epoch before its end: its workers stop, and the next epoch starts new ones."""
         self.held = None
-        if not self.finished:
-            self.finished = True
+        if not self.phase.finished:
+            self._advance(Phase.FINISHED)
             self.workers.shutdown()
 
     def _next_stream(self):
@@ -257,11 +287,6 @@ class Delivery:
         None when all are done."""
         candidates = [s for s, n in enumerate(self.delivered) if self.total[s] is None or n < self.total[s]]
         return min(candidates, key=lambda s: (self.delivered[s], s), default=None)
-
-    def next_worker(self):
-        """The worker that makes the next batch; None when all are done."""
-        stream = self._next_stream()
-        return None if stream is None else self.owner[stream]
 
     def _worker_done(self, worker):
         """Whether ``worker`` has ended all its streams of this epoch (its later messages and its
@@ -294,8 +319,8 @@ class Delivery:
         elif isinstance(message, WorkerDone):
             self.total[message.stream] = message.batches
             self.stats.add_stream_end(message.skipped, message.padded)
-            if not self.all_made and all(total is not None for total in self.total):
-                self.all_made = True
+            if not self.streams_ended and all(total is not None for total in self.total):
+                self.streams_ended = True
                 send_ahead = None if self.ahead is None else self.ahead()  # NOTE [next epoch ahead]
                 if send_ahead is not None:
                     send_ahead(self.plan.epoch)
@@ -362,9 +387,14 @@ class Delivery:
         self.abandon()
         raise error
 
+    def _advance(self, phase):
+        """Move the epoch to ``phase``, along Phase's transitions only."""
+        if phase not in _NEXT_PHASES[self.phase]:
+            raise RuntimeError(f"an epoch cannot go from {self.phase.name} to {phase.name}")
+        self.phase = phase
+
     def _finish(self):
-        self.finished = True
-        self.complete = self.handed == self.delivered
+        self._advance(Phase.COMPLETE if self.handed == self.delivered else Phase.FINISHED)
         if self.held is not None:
             self.release(self.held)
             self.held = None

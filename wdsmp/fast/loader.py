@@ -73,6 +73,7 @@ from ..handlers import reraise_exception
 from ..epochs.spans import locate_samples
 from ..epochs.counts import known_counts
 from .._internal.validation import is_int
+from .._internal.versions import check_version, versioned
 from . import pool as _pool
 from .batches import Batch, SlotTensors
 from .bottleneck import shard_source
@@ -401,17 +402,22 @@ class FastLoader:
             epoch, delivered, consumed = self.epoch, (0,) * options.num_workers, (0,) * options.num_workers
         if read is None:
             read = [0] * len(delivered) if not any(delivered) else [None] * len(delivered)
-        return {"epoch": epoch, "batches_done": sum(delivered), "worker_batches": list(delivered),
-                "worker_consumed": None if consumed is None else list(consumed), "worker_read": list(read),
-                "origin": None if origin is None else list(origin),
-                "batch_size": options.batch_size, "seed": options.seed, "rank": options.rank,
-                "world_size": options.world_size, "exact": options.exact, "order": self.order,
-                "policy": options.policy, "shuffle": options.shuffle, "shards": len(self.shards)}
+        return versioned(STATE_FORMAT, STATE_VERSION, {
+            "epoch": epoch, "batches_done": sum(delivered), "worker_batches": list(delivered),
+            "worker_consumed": None if consumed is None else list(consumed), "worker_read": list(read),
+            "origin": None if origin is None else list(origin),
+            "batch_size": options.batch_size, "seed": options.seed, "rank": options.rank,
+            "world_size": options.world_size, "exact": options.exact, "order": self.order,
+            "policy": options.policy, "shuffle": options.shuffle, "shards": len(self.shards)})
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Make the next ``iter()`` continue where ``state`` (from ``state_dict``) stood; a state
         saved on another number of ranks goes on with the rest of its epoch (NOTE [elastic
-        resume])."""
+        resume]). A state of another format or version is refused, naming both."""
+        check_version(state, STATE_FORMAT, (STATE_VERSION,), "state")
+        missing = [name for name in _STATE_FIELDS if name not in state]
+        if missing:
+            raise ValueError(f"state lacks {', '.join(missing)}: it is not a whole state_dict()")
         options = self.options
         elastic = state.get("world_size") != options.world_size
         mine = {"batch_size": options.batch_size, "seed": options.seed, "rank": options.rank,
@@ -420,10 +426,6 @@ class FastLoader:
         for name, value in mine.items():
             if name == "rank" and elastic:
                 continue  # any rank's state resumes on another number of ranks
-            if name not in state and name in _EARLIER:
-                if _EARLIER[name] is None:
-                    continue  # states saved by earlier wdsmp do not say; the rest is checked
-                state = dict(state, **{name: _EARLIER[name]})
             if state.get(name) != value:
                 if name == "order":
                     raise ValueError(f"state was saved with the samples in {state[name]} order, this loader reads "
@@ -461,7 +463,7 @@ class FastLoader:
                    f"what was not; the global order needs none (order='global')")
         elif read is None or len(read) != streams or any(n and r is None
                                                           for n, r in zip(position.worker_batches, read)):
-            why = "the state does not say how many samples each stream read (it was saved by an earlier wdsmp)"
+            why = "the state does not say how many samples each stream read"
         elif position.worker_batches != round_robin_share(position.batches_done, streams) or not _nothing_dropped(
                 position, read, options.batch_size):
             why = ("stages or the handler dropped samples, so the ranks' positions in the epoch differ and "
@@ -541,8 +543,11 @@ class FastLoader:
                 f"image_size={options.image_size}, train={options.train}, {state})")
 
 
-# What a state saved by an earlier wdsmp, without the setting, was saved with (None: not known).
-_EARLIER = {"exact": None, "policy": None, "shuffle": None, "shards": None, "order": "shards"}
+# The format of state_dict(): its name and version, and the fields every state of this version has.
+STATE_FORMAT = "wdsmp.FastLoader"
+STATE_VERSION = 1
+_STATE_FIELDS = ("epoch", "batches_done", "worker_batches", "worker_consumed", "worker_read", "origin", "batch_size",
+                 "seed", "rank", "world_size", "exact", "order", "policy", "shuffle", "shards")
 
 
 def _nothing_dropped(position, read, batch_size):

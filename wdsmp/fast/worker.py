@@ -33,11 +33,9 @@ NOTE [inherited objects]
 import collections
 import gc
 import io
-import random
 import threading
 import warnings
 from dataclasses import dataclass
-from itertools import islice
 from time import perf_counter_ns
 from typing import Callable, Optional, Tuple, Union
 
@@ -46,8 +44,8 @@ import numpy as np
 from .._internal.seeding import SampleDraws
 from ..epochs.plan import EpochPlanner
 from ..errors import SampleError, WdsmpError
-from ..epochs.ranges import buffer_shuffled, read_ranges
-from ..epochs.spans import SpanReader, read_positions
+from ..epochs.spans import SpanReader
+from ..epochs.stream import stream_samples, stream_start
 from ..utils import make_seed
 from .imagedecode import decode_with_options
 from .messages import BatchReady, EpochTask, Reading, Stop, WorkerDone, WorkerFailed, WorkerWarning
@@ -196,7 +194,7 @@ def _serve(worker, config, ring, inbox, outbox, where, clock):
             plan = config.planner.plan(task.position)
             spans = SpanReader(config.paths, config.spans, clock.reads, config.files) if config.paths else None
             try:
-                streams = [_Stream(worker, config, plan.streams[s], ring, inbox, outbox, where, clock, spans)
+                streams = [_WorkerStream(worker, config, plan.streams[s], ring, inbox, outbox, where, clock, spans)
                            for s in task.streams]
                 _run_streams(streams, outbox)
             finally:
@@ -249,7 +247,7 @@ def _located(exn, sample):
     return exn
 
 
-class _Stream:
+class _WorkerStream:
     """One stream of an epoch, run by one worker (NOTE [full batches])."""
 
     def __init__(self, worker, config, plan, ring, inbox, outbox, where, clock, spans=None):
@@ -274,31 +272,15 @@ class _Stream:
         return False
 
     def _source(self):
-        """Samples of the plan, through the user's stages, the shuffle buffer and the resume skip."""
+        """Samples of the plan, through the user's stages, the shuffle buffer and the resume skip
+        (``epochs.stream``, as ExactSamples reads them)."""
         plan, config = self.plan, self.config
-        # A buffer reorders, and a position may count what stages and the handler dropped: then
-        # resume by replaying the stream and dropping what was consumed (epochplan.py's NOTE).
-        replay = config.shuffle_buffer > 1 or plan.consumed is not None
-        if plan.order == "global":
-            samples = self._timed(read_positions(self.spans, self._announced(plan.samples(resume=not replay)),
-                                                 self._handle))
-        else:
-            counts = config.counts
-            samples = self._timed(read_ranges(self._entered(plan.shards(resume=not replay)), self._handle,
-                                              config.cache_dir, self.clock.reads, counts if counts else None))
-        for stage in config.stages:
-            samples = stage(samples)
-        if config.shuffle_buffer > 1:
-            samples = buffer_shuffled(samples, config.shuffle_buffer, random.Random(make_seed(plan.seed, "shuffle")))
-        if plan.consumed is not None:
-            drop = plan.consumed
-        else:
-            drop = plan.skip_batches * self.batch_size if replay else plan.discard
-        # Items of the stream consumed so far, counted from the region's start (without a replay,
-        # the skipped batches' samples were skipped by count: one item each); samples read likewise.
-        self.taken = drop if replay else plan.skip_batches * self.batch_size
-        self.read = 0 if replay else plan.skip_batches * self.batch_size
-        return islice(samples, drop, None)
+        start = stream_start(plan, config.shuffle_buffer)
+        self.taken, self.read = start.taken, start.read
+        return stream_samples(plan, start, shuffle_buffer=config.shuffle_buffer, stages=config.stages,
+                              spans=self.spans, handler=self._handle, cache_dir=config.cache_dir,
+                              clock=self.clock.reads, counts=config.counts if config.counts else None,
+                              shards=self._entered, positions=self._announced, watch=self._timed)
 
     def _timed(self, samples):
         """``samples``, their reading timed and each noted in ``where``."""
