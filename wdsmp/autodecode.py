@@ -47,7 +47,7 @@ import pickle
 import tempfile
 import zlib
 from collections.abc import Mapping
-from typing import Any, Callable, Dict, Iterable, Optional, Union
+from typing import Any, Callable, Dict, FrozenSet, Iterable, NoReturn, Optional, Tuple, Union
 
 import numpy as np
 
@@ -108,7 +108,7 @@ _SECURE_REFUSAL = ("WDS_SECURE=1 forbids unpickling (.pyd, .pickle, .pkl fields)
                    "(.pth fields); unset it to decode trusted data")
 
 
-def _refuse_if_secure():
+def _refuse_if_secure() -> None:
     if env.secure():
         raise DecodeError(_SECURE_REFUSAL)
 
@@ -116,7 +116,7 @@ def _refuse_if_secure():
 # Basic types.
 
 
-def _utf8(data):
+def _utf8(data: bytes) -> str:
     return data.decode("utf-8")
 
 
@@ -131,49 +131,49 @@ def torch_loads(data: bytes, weights_only: bool = True) -> Any:
     return torch.load(io.BytesIO(data), weights_only=weights_only, map_location="cpu")
 
 
-def _torch_loads_unpickling(data):
+def _torch_loads_unpickling(data: bytes) -> Any:
     return torch_loads(data, weights_only=False)
 
 
-def unpickle_loads(data):
+def unpickle_loads(data: bytes) -> Any:
     """``pickle.loads``: only for trusted data; refused when ``WDS_SECURE=1``."""
     _refuse_if_secure()
     return pickle.loads(data)
 
 
-def _refuse_unpickling(data):
+def _refuse_unpickling(data: bytes) -> NoReturn:
     """The safe table's entry for pickles: NOTE [unsafe decoders]."""
     _refuse_if_secure()
     raise DecodeError("refusing to unpickle a .pyd/.pickle/.pkl field: unpickling runs arbitrary "
                       "code; if the data is trusted, pass unsafe=True to Decoder() or decode()")
 
 
-def tenbin_loads(data):
+def tenbin_loads(data: bytes) -> Any:
     """A list of arrays from tenbin bytes."""
     from . import tenbin
 
     return tenbin.decode_buffer(data)
 
 
-def msgpack_loads(data):
+def msgpack_loads(data: bytes) -> Any:
     """A value from msgpack bytes."""
     import msgpack
 
     return msgpack.unpackb(data)
 
 
-def npy_loads(data):
+def npy_loads(data: bytes) -> np.ndarray:
     """An array from ``.npy`` bytes; object arrays (pickles) are refused."""
     return np.lib.format.read_array(io.BytesIO(data), allow_pickle=False)
 
 
-def npz_loads(data):
+def npz_loads(data: bytes) -> Dict[str, np.ndarray]:
     """A dict of arrays from ``.npz`` bytes; object arrays (pickles) are refused."""
     with np.load(io.BytesIO(data), allow_pickle=False) as archive:
         return dict(archive)
 
 
-def cbor_loads(data):
+def cbor_loads(data: bytes) -> Any:
     """A value from CBOR bytes (with cbor2)."""
     import cbor2
 
@@ -182,7 +182,7 @@ def cbor_loads(data):
 
 # Extension (the last dot-component, case as written) -> decoder of the bytes.
 # Callers may add entries; basichandlers reads the table at each call.
-decoders = {
+decoders: Dict[str, Callable[[bytes], Any]] = {
     **dict.fromkeys(["txt", "text", "transcript"], _utf8),
     **dict.fromkeys(["cls", "cls2", "index", "inx", "id"], int),
     **dict.fromkeys(["json", "jsn"], json.loads),
@@ -196,7 +196,7 @@ decoders = {
 }
 
 # What an unsafe decoder uses in place of the entries above.
-_UNSAFE_DECODERS = {
+_UNSAFE_DECODERS: Dict[str, Callable[[bytes], Any]] = {
     **dict.fromkeys(["pyd", "pickle", "pkl"], unpickle_loads),
     "pth": _torch_loads_unpickling,
 }
@@ -209,10 +209,10 @@ class BasicHandlers:
     carry its opt-in to pickles (NOTE [unsafe decoders]) and still pickle.
     """
 
-    def __init__(self, unsafe=False):
+    def __init__(self, unsafe: bool = False) -> None:
         self.unsafe = bool(unsafe)
 
-    def __call__(self, key, data):
+    def __call__(self, key: str, data: bytes) -> Any:
         extension = key.rpartition(".")[2]
         if self.unsafe:
             f = _UNSAFE_DECODERS.get(extension)
@@ -221,7 +221,7 @@ class BasicHandlers:
         f = decoders.get(extension)
         return None if f is None else f(data)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"BasicHandlers(unsafe={self.unsafe})"
 
 
@@ -232,7 +232,7 @@ _unsafe_basichandlers = BasicHandlers(unsafe=True)
 # Matching by extension.
 
 
-def _ends_with_extension(lkey, exact, suffixes):
+def _ends_with_extension(lkey: str, exact: FrozenSet[str], suffixes: Tuple[str, ...]) -> bool:
     """Whether a lowercased field name is one of ``exact`` or ends with one of ``suffixes``.
 
     The same as comparing the last dot-components of the name with those of
@@ -241,7 +241,7 @@ def _ends_with_extension(lkey, exact, suffixes):
     return lkey in exact or lkey.endswith(suffixes)
 
 
-def _targets(extensions):
+def _targets(extensions: Union[str, Iterable[str]]) -> Tuple[FrozenSet[str], Tuple[str, ...]]:
     """Lowercased targets without leading dots, as (exact set, "."-prefixed suffixes)."""
     if isinstance(extensions, str):
         extensions = extensions.split()
@@ -249,7 +249,7 @@ def _targets(extensions):
     return frozenset(targets), tuple("." + t for t in targets)
 
 
-def call_extension_handler(key, data, f, extensions):
+def call_extension_handler(key: str, data: Any, f: Callable[[Any], Any], extensions: Union[str, Iterable[str]]) -> Any:
     """``f(data)`` if the field name ``key`` ends with one of ``extensions``, else None."""
     exact, suffixes = _targets(extensions)
     return f(data) if _ends_with_extension(key.lower(), exact, suffixes) else None
@@ -258,14 +258,14 @@ def call_extension_handler(key, data, f, extensions):
 class _ExtensionHandler:
     """The handler :func:`handle_extension` returns: targets parsed once, picklable."""
 
-    def __init__(self, extensions, f):
+    def __init__(self, extensions: Union[str, Iterable[str]], f: Callable[[Any], Any]) -> None:
         self.exact, self.suffixes = _targets(extensions)
         self.f = f
 
-    def __call__(self, key, data):
+    def __call__(self, key: str, data: Any) -> Any:
         return self.f(data) if _ends_with_extension(key.lower(), self.exact, self.suffixes) else None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"handle_extension({' '.join(sorted(self.exact))!r}, {self.f!r})"
 
 
@@ -321,7 +321,7 @@ class ImageHandler:
         if isinstance(extensions, str):
             extensions = extensions.split()
         self.extensions = frozenset(e.lower() for e in extensions)
-        self._spec = imagespecs[spec]
+        self._spec: Tuple[str, Any, str] = imagespecs[spec]  # (array type, element type or None, mode)
         self.max_pixels = max_pixels
         image_pixel_budget(max_pixels)  # a bad value fails here, not at the first image
 
@@ -330,7 +330,7 @@ class ImageHandler:
             return None
         return decode_image(data, *self._spec, image_pixel_budget(self.max_pixels))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"ImageHandler({self.imagespec!r})"
 
 
@@ -346,7 +346,7 @@ _VIDEO_EXTENSIONS = frozenset("mp4 ogv mjpeg avi mov h264 mpg webm wmv".split())
 _AUDIO_EXTENSIONS = frozenset("flac mp3 sox wav m4a ogg wma".split())
 
 
-def _read_with(key, data, extensions, module, reader, **kw):
+def _read_with(key: str, data: bytes, extensions: FrozenSet[str], module: str, reader: str, **kw: Any) -> Any:
     """``module.reader(path, **kw)`` of a field with one of ``extensions``, written to a
     temporary file (the readers want a path); None for other fields."""
     extension = key.rpartition(".")[2]
@@ -392,7 +392,7 @@ class Continue:
         self.key, self.data = key, data
 
 
-def gunzip(data, limit):
+def gunzip(data: bytes, limit: int) -> bytes:
     """The bytes of gzip ``data`` (members concatenated, zero padding between them allowed),
     decompressed 16 MiB at a time and refused with a DecodeError once they pass ``limit``
     bytes, so that a bomb costs at most ``limit``."""
@@ -428,7 +428,7 @@ class GzipFilter:
             return None
         return Continue(key[:-3], gunzip(data, member_size_limit(self.max_size, "max_field_size")))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"GzipFilter(max_size={self.max_size!r})"
 
 
@@ -457,11 +457,11 @@ class DecodingError(DecodeError):
         member = k if key is None else key if k is None else f"{key}.{k}"
         super().__init__(problem, url=url, member=member)
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Any, ...]:
         return (type(self), (self.url, self.key, self.k, None, self.problem))
 
 
-def _handler(h, unsafe, max_field_size, max_image_pixels):
+def _handler(h: Any, unsafe: bool, max_field_size: Optional[int], max_image_pixels: Optional[int]) -> _Handler:
     """A handler from a Decoder argument: an image spec string or a callable; the defaults
     exchanged for ones that carry the Decoder's opt-in to pickles and its limits."""
     if isinstance(h, str):
@@ -581,7 +581,7 @@ class Decoder:
 
         return DecodedSamples(sample, self)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (f"Decoder({list(self.handlers)!r}, only={self.only!r}, partial={self.partial}, "
                 f"unsafe={self.unsafe})")
 
@@ -589,7 +589,7 @@ class Decoder:
 default_decoder = Decoder([])
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     """``DecodedSamples`` (a torch dataset) is imported on first use, so that decoding samples,
     as FastLoader's workers do in their stages, does not import torch."""
     if name == "DecodedSamples":

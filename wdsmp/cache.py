@@ -44,7 +44,7 @@ import os
 import re
 import time
 import urllib.parse
-from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Union, cast
 
 from ._internal import env
 from ._internal.atomic import atomic_write
@@ -95,7 +95,7 @@ _DEFAULT_LOCK_TIMEOUT = 60.0  # seconds a reader waits for another process fetch
 class _Default:
     """The default of ``cache_dir``: ``default_cache_dir``, as opposed to None (no cache)."""
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return "<default_cache_dir>"
 
 
@@ -112,19 +112,19 @@ _CacheDir = Union[str, "os.PathLike[str]", None, _Default]
 # so they are functions, and the module attributes are computed when asked.
 
 
-def _default_cache_dir():
+def _default_cache_dir() -> str:
     return env.cache_dir() or "./_cache"
 
 
-def _default_cache_size():
+def _default_cache_size() -> Optional[int]:
     return env.cache_size()  # None: no cap (webdataset: 1e18 bytes)
 
 
-def _verbose_cache():
+def _verbose_cache() -> int:
     return int(env.verbose_cache())
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     """``default_cache_dir``, ``default_cache_size``, ``verbose_cache``: current values."""
     defaults = {"default_cache_dir": _default_cache_dir, "default_cache_size": _default_cache_size,
                 "verbose_cache": _verbose_cache}
@@ -136,7 +136,7 @@ def __getattr__(name):
 # Names.
 
 
-def islocal(url):
+def islocal(url: str) -> bool:
     """Whether ``url`` is already local: a path, a ``file:`` URL, or ``-`` (stdin)."""
     return url == "-" or local_path(url) is not None
 
@@ -153,7 +153,7 @@ def pipe_cleaner(spec: str) -> str:
     return command
 
 
-def _readable_name(url):
+def _readable_name(url: str) -> str:
     """The shard's file name in ``url``, made safe for a file name; "" when there is none."""
     words = pipe_cleaner(url).split() if url.startswith("pipe:") else [url]
     for word in reversed(words):
@@ -164,7 +164,7 @@ def _readable_name(url):
     return ""
 
 
-def url_to_name(url):
+def url_to_name(url: str) -> str:
     """The default cache file name: 32 hex digits of the URL's SHA-256, then its shard name.
 
     The hash covers the whole URL (query and pipe command included), so two
@@ -177,7 +177,7 @@ def url_to_name(url):
     return f"{digest}-{name}" if name else digest
 
 
-def url_to_cache_name(url, ndir=0):
+def url_to_cache_name(url: str, ndir: int = 0) -> str:
     """webdataset's naming: the last ``ndir + 1`` components of the URL's path.
 
     Two URLs whose paths end alike share a name; pass it as ``url_to_name`` to
@@ -196,7 +196,7 @@ def url_to_cache_name(url, ndir=0):
 # File checks.
 
 
-def get_filetype(fname):
+def get_filetype(fname: Union[str, "os.PathLike[str]"]) -> str:
     """A short description of a file's format from its first block, in the words of
     file(1): "POSIX tar archive", "tar archive", "gzip compressed data", "empty" or "data"."""
     with open(fname, "rb") as f:
@@ -210,18 +210,18 @@ def get_filetype(fname):
     return "data"
 
 
-def magic_filetype(fname):
+def magic_filetype(fname: Union[str, "os.PathLike[str]"]) -> str:
     """``"FNAME: TYPE"`` as file(1) prints it, TYPE from :func:`get_filetype` (webdataset's name)."""
     return f"{fname}: {get_filetype(fname)}"
 
 
-def check_tar_format(fname):
+def check_tar_format(fname: Union[str, "os.PathLike[str]"]) -> bool:
     """Whether a file starts like a tar archive or gzip data (its first block only)."""
     filetype = get_filetype(fname)
     return "tar archive" in filetype or "gzip compressed" in filetype
 
 
-def _tar_problem(path, url):
+def _tar_problem(path: str, url: str) -> Optional[Exception]:
     """Why the fetched file at ``path`` would fail the tar reader, or None: the check before
     it becomes an entry (NOTE [cache entry] (rename)), by the reader's own code (page-cache
     fast for a tar; a gzip shard is decompressed once more, on its first pass only)."""
@@ -237,7 +237,8 @@ def _tar_problem(path, url):
 # Cleanup and download.
 
 
-def lru_cleanup(cache_dir, cache_size, keyfn=os.path.getmtime, verbose=False):
+def lru_cleanup(cache_dir: Union[str, "os.PathLike[str]"], cache_size: Optional[float],
+                keyfn: Callable[[str], float] = os.path.getmtime, verbose: bool = False) -> None:
     """Evict cache files, least recently used first, until their total is at most
     ``cache_size`` bytes; files other processes are reading are kept, and orphaned
     temps are removed. The cache touches a file's mtime whenever it is opened, so
@@ -273,7 +274,7 @@ class LRUCleanup:
         self.last_run = time.monotonic()
 
 
-def download(url, dest, chunk_size=1 << 20, verbose=False):
+def download(url: str, dest: str, chunk_size: int = 1 << 20, verbose: bool = False) -> None:
     """Copy ``url`` to the file ``dest``: through a temp beside it, fsynced, renamed at the
     end, so ``dest`` is whole or absent. Errors name ``url``: the source's as gopen
     raises them, a failure to write ``dest`` as a ShardError (an OSError) caused by it."""
@@ -296,7 +297,7 @@ def download(url, dest, chunk_size=1 << 20, verbose=False):
 # The cache.
 
 
-def _resolve_size(cache_size):
+def _resolve_size(cache_size: Optional[float]) -> Optional[int]:
     """Bytes, None for no cap, or 0 for no caching; see FileCache."""
     if cache_size is None:
         return None
@@ -335,17 +336,19 @@ class FileCache:
     kept each time a shard is added, so there is nothing to space out.
     """
 
-    def __init__(self, cache_dir=_DEFAULT, *, url_to_name=url_to_name, verbose=False,
-                 validator=check_tar_format, handler=reraise_exception, cache_size=-1,
-                 cache_cleanup_interval=30, lock_timeout=_DEFAULT_LOCK_TIMEOUT, always=False,
-                 cache_name=None):
+    def __init__(self, cache_dir: _CacheDir = _DEFAULT, *, url_to_name: Callable[[str], str] = url_to_name,
+                 verbose: bool = False, validator: Optional[Callable[[str], Any]] = check_tar_format,
+                 handler: _Handler = reraise_exception, cache_size: Optional[float] = -1,
+                 cache_cleanup_interval: Optional[float] = 30, lock_timeout: float = _DEFAULT_LOCK_TIMEOUT,
+                 always: bool = False, cache_name: Optional[Callable[[str], str]] = None) -> None:
         if cache_dir is _DEFAULT:
             cache_dir = _default_cache_dir()
         if not isinstance(lock_timeout, (int, float)) or not lock_timeout >= 0:  # NaN too
             raise ValueError(f"lock_timeout must be a non-negative number of seconds, "
                              f"not {lock_timeout!r}")
         self.cache_size = _resolve_size(cache_size)
-        self.cache_dir = None if cache_dir is None or self.cache_size == 0 else os.fspath(cache_dir)
+        self.cache_dir = (None if cache_dir is None or self.cache_size == 0  # _DEFAULT was replaced above
+                          else os.fspath(cast(Union[str, "os.PathLike[str]"], cache_dir)))
         self.url_to_name = cache_name if cache_name is not None else url_to_name
         if not callable(self.url_to_name):
             raise TypeError(f"url_to_name must be a function of the URL, not {self.url_to_name!r}")
@@ -355,11 +358,11 @@ class FileCache:
         self.lock_timeout = float(lock_timeout)
         self.always = always
 
-    def _say(self, message):
+    def _say(self, message: str) -> None:
         if self.verbose:
             say(message)
 
-    def entry_path(self, url):
+    def entry_path(self, url: str) -> str:
         """The path of ``url``'s cache file (which may not exist). Hidden names and lock
         names are refused: they are the temps' and locks' (NOTE [cache entry])."""
         name = self.url_to_name(url)
@@ -368,9 +371,9 @@ class FileCache:
                                              for p in parts) or name.endswith(LOCK_SUFFIX)):
             raise ValueError(f"cache name {name!r} for {url!r} is not a relative path of "
                              f"non-hidden components, or ends in {LOCK_SUFFIX!r}")
-        return os.path.join(self.cache_dir, *parts)
+        return os.path.join(cast(str, self.cache_dir), *parts)  # called with a cache directory only
 
-    def open(self, url):
+    def open(self, url: str) -> IO[bytes]:
         """A binary stream of ``url``: its cache file, or the source, teed into the cache
         while read (NOTE [cache entry], in wdsmp.storage.cacheentry), or the source alone when
         caching is off or fails."""
@@ -397,7 +400,7 @@ class FileCache:
              f"reading it without caching")
         return gopen(url)
 
-    def _unfit(self, path):
+    def _unfit(self, path: str) -> Optional[str]:
         """Why the cache file at ``path`` may not be read (its size changed since it was cached,
         or ``validator`` rejects it), or None; with ``validator=None`` every file is read."""
         if self.validator is None:
@@ -406,7 +409,7 @@ class FileCache:
             return f"is not a tar archive ({get_filetype(path)})"
         return size_problem(path)
 
-    def get_file(self, url):
+    def get_file(self, url: str) -> str:
         """The path of ``url``'s cache file, fetching it whole first if needed (local
         URLs: their own path unless ``always``)."""
         if self.cache_dir is None:
@@ -431,18 +434,18 @@ class FileCache:
                              f"it was not kept (a warning says why)", url=url)
         return path
 
-    def __call__(self, urls):
+    def __call__(self, urls: _URLItems) -> Iterator[Dict[str, Any]]:
         return url_opener(urls, handler=self.handler, opener=self.open, local_paths=True)
 
 
 class StreamingOpen:
     """The stage that opens URLs without a cache (webdataset's class; ``url_opener``)."""
 
-    def __init__(self, verbose=False, handler=reraise_exception):
+    def __init__(self, verbose: bool = False, handler: _Handler = reraise_exception) -> None:
         self.verbose = verbose
         self.handler = handler
 
-    def __call__(self, urls):
+    def __call__(self, urls: _URLItems) -> Iterator[Dict[str, Any]]:
         return FileCache(None, handler=self.handler, verbose=self.verbose)(urls)
 
 

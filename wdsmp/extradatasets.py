@@ -8,7 +8,7 @@ dataset never stored); these do what their documentation there says.
 """
 
 import os
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import Any, Dict, Iterable, Iterator, Optional, TypeVar
 
 from torch.utils.data import IterableDataset
 
@@ -21,7 +21,7 @@ __all__ = ["MockDataset", "repeatedly", "with_epoch", "with_length"]
 _T = TypeVar("_T")
 
 
-def _check_length(length, what):
+def _check_length(length: int, what: str) -> None:
     non_negative_int(length, what)
 
 
@@ -53,7 +53,8 @@ class repeatedly(IterableDataset, PipelineStage):  # noqa: N801 (webdataset's na
     (use ``DataPipeline.repeat`` there) rather than looped on forever.
     """
 
-    def __init__(self, source=None, nepochs=None, nbatches=None, length=None):
+    def __init__(self, source: Optional[Iterable[Any]] = None, nepochs: Optional[int] = None,
+                 nbatches: Optional[int] = None, length: Optional[int] = None) -> None:
         super().__init__()
         if length is not None:
             _check_length(length, "repeatedly length")
@@ -62,15 +63,15 @@ class repeatedly(IterableDataset, PipelineStage):  # noqa: N801 (webdataset's na
         self.nbatches = nbatches
         self.length = length
 
-    def run(self, source):
+    def run(self, source: Iterable[_T]) -> Iterator[_T]:
         return utils.repeatedly(source, nepochs=self.nepochs, nbatches=self.nbatches)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         if self.source is None:
             raise ValueError("repeatedly has no source: pass one, or use it as a pipeline stage")
         return self.run(self.source)
 
-    def __len__(self):
+    def __len__(self) -> int:
         if self.length is None:
             raise TypeError("this repeatedly dataset has no length; pass length=")
         return self.length
@@ -95,18 +96,18 @@ class with_epoch(IterableDataset):  # noqa: N801 (webdataset's name)
         self.dataset = dataset
         self.length = length
         self.continuous = bool(continuous)
-        self.source = None
-        self._source_pid = None
+        self.source: Optional[Iterator[Any]] = None
+        self._source_pid: Optional[int] = None
 
-    def __getstate__(self):
+    def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         state["source"] = state["_source_pid"] = None  # a live iterator does not travel
         return state
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.length
 
-    def _next(self):
+    def _next(self) -> Any:
         """The next item of the kept iterator, restarting it once when it ends; raises StopIteration if empty."""
         if self.source is None or self._source_pid != os.getpid():
             self.source, self._source_pid = iter(self.dataset), os.getpid()
@@ -116,7 +117,7 @@ class with_epoch(IterableDataset):  # noqa: N801 (webdataset's name)
             self.source = iter(self.dataset)
             return next(self.source)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         if not self.continuous:
             self.source = None
         for _ in range(self.length):
@@ -143,8 +144,8 @@ class with_length(IterableDataset, PipelineStage):  # noqa: N801 (webdataset's n
     def run(self, upstream: Iterable[_T]) -> Iterator[_T]:
         return iter(upstream)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return iter(self.dataset)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self.length

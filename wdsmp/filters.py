@@ -14,7 +14,7 @@ errors] in :mod:`wdsmp.stages.base`.
 import itertools
 import random
 import sys
-from typing import Any, Iterable, Iterator, List, Optional, TypeVar
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, TypeVar, Union
 
 from .stages.base import (
     Curried,
@@ -113,33 +113,33 @@ _T = TypeVar("_T")
 class _Composed:
     """Functions applied left to right; a class, not a lambda, so that it pickles."""
 
-    def __init__(self, fns):
+    def __init__(self, fns: Sequence[Callable[[Any], Any]]) -> None:
         self.fns = fns
 
-    def __call__(self, x):
+    def __call__(self, x: Any) -> Any:
         for f in self.fns:
             x = f(x)
         return x
 
 
-def compose(*fns):
+def compose(*fns: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``compose(f, g, h)(x) == h(g(f(x)))``, picklable when the functions are."""
     if not fns:
         raise ValueError("compose needs at least one function")
     return _Composed(fns)
 
 
-def compose2(f, g):
+def compose2(f: Callable[[Any], Any], g: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``g(f(x))``."""
     return _Composed((f, g))
 
 
-def pipeline(source, *stages):
+def pipeline(source: Any, *stages: Callable[[Any], Any]) -> Any:
     """Run ``source`` through ``stages`` in order."""
     return compose(*stages)(source) if stages else source
 
 
-def _pipe(data, f, *args, **kw):
+def _pipe(data: Iterable[Any], f: Callable[..., Any], *args: Any, **kw: Any) -> Any:
     """``f(data, *args, **kw)``: a whole-stream function as a stage."""
     return f(data, *args, **kw)
 
@@ -151,7 +151,8 @@ map_stream = pipe  # the same stage under the name some pipelines use
 # -- looking at the stream
 
 
-def _info(data, fmt=None, n=3, every=-1, width=50, stream=None, name=""):
+def _info(data: Iterable[Any], fmt: Optional[str] = None, n: int = 3, every: int = -1, width: int = 50,
+          stream: Optional[IO[str]] = None, name: str = "") -> Iterator[Any]:
     """Print the first ``n`` samples (and every ``every``-th) to ``stream`` (stderr)."""
     for i, sample in enumerate(data):
         if i < n or (every > 0 and (i + 1) % every == 0):
@@ -170,7 +171,7 @@ def _info(data, fmt=None, n=3, every=-1, width=50, stream=None, name=""):
 info = pipelinefilter(_info)
 
 
-def _log_keys(data, logfile=None):
+def _log_keys(data: Iterable[Dict[str, Any]], logfile: Optional[str] = None) -> Iterator[Dict[str, Any]]:
     """Append ``index, __worker__, __rank__, __key__`` of each sample to ``logfile``.
 
     The file is locked per line, so that every worker can log to the same file.
@@ -199,7 +200,7 @@ log_keys = pipelinefilter(_log_keys)
 # -- shuffling and sampling
 
 
-def pick(buf, rng):
+def pick(buf: List[_T], rng: random.Random) -> _T:
     """Remove and return a random item of ``buf`` in O(1) (the order of ``buf`` changes)."""
     k = rng.randint(0, len(buf) - 1)
     sample = buf[k]
@@ -208,7 +209,8 @@ def pick(buf, rng):
     return sample
 
 
-def _shuffle(data, bufsize=1000, initial=100, rng=None, seed=None, handler=None):
+def _shuffle(data: Iterable[_T], bufsize: int = 1000, initial: int = 100, rng: Optional[random.Random] = None,
+             seed: Any = None, handler: Optional[Callable[[Exception], Any]] = None) -> Iterator[_T]:
     """Shuffle through a buffer of ``bufsize`` items.
 
     The first item comes out once ``initial`` are buffered, so startup is quick;
@@ -241,7 +243,7 @@ def _shuffle(data, bufsize=1000, initial=100, rng=None, seed=None, handler=None)
 shuffle = pipelinefilter(_shuffle)
 
 
-def _epoch_seed(seed, epoch):
+def _epoch_seed(seed: Any, epoch: int) -> int:
     """webdataset's ``seed + epoch`` for an integer seed, so that the orders are its own; a
     stable hash of both for any other seed."""
     if isinstance(seed, int) and not isinstance(seed, bool):
@@ -294,7 +296,7 @@ class detshuffle(PipelineStage):
         return _shuffle(src, self.bufsize, self.initial, rng=rng)
 
 
-def _rsample(data, p=0.5):
+def _rsample(data: Iterable[_T], p: float = 0.5) -> Iterator[_T]:
     """Keep each item with probability ``p``."""
     if not 0.0 <= p <= 1.0:
         raise ValueError(f"rsample: p must be in [0, 1], not {p!r}")
@@ -306,7 +308,7 @@ def _rsample(data, p=0.5):
 rsample = pipelinefilter(_rsample)
 
 
-def _slice(data, *args):
+def _slice(data: Iterable[_T], *args: Optional[int]) -> Iterator[_T]:
     """``itertools.islice(data, *args)``."""
     return itertools.islice(data, *args)
 
@@ -317,10 +319,11 @@ slice = pipelinefilter(_slice)
 # -- user functions
 
 
-def _select(data, predicate, handler=reraise_exception):
+def _select(data: Iterable[_T], predicate: Callable[[_T], Any],
+            handler: Callable[[Exception], Any] = reraise_exception) -> Iterator[_T]:
     """Keep the items for which ``predicate(item)`` is true."""
 
-    def keep(sample):
+    def keep(sample: _T) -> Iterator[_T]:
         if predicate(sample):
             yield sample
 
@@ -330,10 +333,11 @@ def _select(data, predicate, handler=reraise_exception):
 select = pipelinefilter(_select)
 
 
-def _map(data, f, handler=reraise_exception):
+def _map(data: Iterable[Any], f: Callable[[Any], Any],
+         handler: Callable[[Exception], Any] = reraise_exception) -> Iterator[Any]:
     """``f(item)`` for each item; None drops it. A dict result keeps the sample's ``__key__``."""
 
-    def apply(sample):
+    def apply(sample: Any) -> Iterator[Any]:
         result = f(sample)
         if result is None:
             return
@@ -347,16 +351,18 @@ def _map(data, f, handler=reraise_exception):
 map = pipelinefilter(_map)
 
 
-def _map_dict(data, handler=reraise_exception, **kw):
+def _map_dict(data: Iterable[Dict[str, Any]], handler: Callable[[Exception], Any] = reraise_exception,
+              **kw: Callable[[Any], Any]) -> Iterator[Dict[str, Any]]:
     """Replace ``sample[field]`` by ``kw[field](sample[field])``, in a copy of the sample."""
     if not kw:
         raise ValueError("map_dict needs at least one field=function")
+    field: Optional[str]  # the field being mapped, for where()
     for field, f in kw.items():
         if not callable(f):
             raise TypeError(f"map_dict: {field}={f!r} is not callable")
     field = None
 
-    def apply(sample):
+    def apply(sample: Any) -> Iterator[Dict[str, Any]]:
         nonlocal field
         field = None
         result = dict(need_dict("map_dict", sample))
@@ -366,7 +372,7 @@ def _map_dict(data, handler=reraise_exception, **kw):
             result[field] = f(result[field])
         yield result
 
-    def where():
+    def where() -> Optional[str]:
         return field and f"field {field!r}"
 
     yield from handle_each(data, apply, handler, "map_dict", where)
@@ -375,15 +381,17 @@ def _map_dict(data, handler=reraise_exception, **kw):
 map_dict = pipelinefilter(_map_dict)
 
 
-def _map_tuple(data, *args, handler=reraise_exception):
+def _map_tuple(data: Iterable[Sequence[Any]], *args: Optional[Callable[[Any], Any]],
+               handler: Callable[[Exception], Any] = reraise_exception) -> Iterator[Tuple[Any, ...]]:
     """Replace ``sample[i]`` by ``args[i](sample[i])``; None leaves a value as it is."""
     fns = [identity if f is None else f for f in args]
+    i: Optional[int]  # the position being mapped, for where()
     for i, f in enumerate(fns):
         if not callable(f):
             raise TypeError(f"map_tuple: function {i} ({f!r}) is not callable")
     i = None
 
-    def apply(sample):
+    def apply(sample: Any) -> Iterator[Tuple[Any, ...]]:
         nonlocal i
         i = None
         if not isinstance(sample, (list, tuple)):
@@ -394,7 +402,7 @@ def _map_tuple(data, *args, handler=reraise_exception):
             result[i] = f(result[i])
         yield tuple(result)
 
-    def where():
+    def where() -> Optional[str]:
         return None if i is None else f"position {i}"
 
     yield from handle_each(data, apply, handler, "map_tuple", where)
@@ -403,10 +411,12 @@ def _map_tuple(data, *args, handler=reraise_exception):
 map_tuple = pipelinefilter(_map_tuple)
 
 
-def _associate(data, associator, handler=reraise_exception):
+def _associate(data: Iterable[Dict[str, Any]],
+               associator: Union[Callable[[Any], Mapping[str, Any]], Mapping[Any, Mapping[str, Any]]],
+               handler: Callable[[Exception], Any] = reraise_exception) -> Iterator[Dict[str, Any]]:
     """Add ``associator(key)`` (or ``associator.get(key, {})`` for a dict) to each sample."""
 
-    def add(sample):
+    def add(sample: Any) -> Iterator[Dict[str, Any]]:
         if "__key__" not in need_dict("associate", sample):
             raise missing_field("associate", "no field '__key__'", sample)
         key = sample["__key__"]
@@ -421,7 +431,8 @@ associate = pipelinefilter(_associate)
 # -- decoding
 
 
-def _decode(data, *args, handler=reraise_exception, keep_key=False, **kw):
+def _decode(data: Iterable[Dict[str, Any]], *args: Any, handler: Callable[[Exception], Any] = reraise_exception,
+            keep_key: bool = False, **kw: Any) -> Iterator[Dict[str, Any]]:
     """Decode each sample with ``wdsmp.autodecode.Decoder``.
 
     ``args`` are handlers ``f(".ext", data)`` or image specs such as "rgb";
@@ -432,7 +443,7 @@ def _decode(data, *args, handler=reraise_exception, keep_key=False, **kw):
     """
     decoder = Decoder(list(args), **kw)
 
-    def apply(sample):
+    def apply(sample: Any) -> Iterator[Dict[str, Any]]:
         result = decoder.decode(need_dict("decode", sample))
         if keep_key:
             result["__key__"] = sample.get("__key__")
@@ -482,10 +493,10 @@ class LMDBCached(PipelineStage):
         self.chunksize = chunksize
         self.db = None
 
-    def __getstate__(self):
+    def __getstate__(self) -> Dict[str, Any]:
         return dict(self.__dict__, db=None)  # an open database belongs to its process
 
-    def _open(self):
+    def _open(self) -> Tuple[Any, Any]:
         if self.db is None:
             try:
                 import lmdb
@@ -516,7 +527,7 @@ class LMDBCached(PipelineStage):
         self._put(db, chunk)
 
     @staticmethod
-    def _put(db, items):
+    def _put(db: Any, items: Iterable[Tuple[bytes, bytes]]) -> None:
         with db.begin(write=True) as txn:
             for key, value in items:
                 txn.put(key, value)

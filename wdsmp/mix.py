@@ -19,7 +19,7 @@ differently. Like ``ResampledShards``, each ``__iter__`` is a new epoch unless
 import bisect
 import math
 import random
-from typing import Any, Iterable, List, Optional
+from typing import Any, Iterable, Iterator, List, Optional
 
 from torch.utils.data import IterableDataset
 
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-def round_robin_shortest(*sources):
+def round_robin_shortest(*sources: Iterator[Any]) -> Iterator[Any]:
     """One item from each iterator in turn, until the first one that is asked runs out."""
     i = 0
     while True:
@@ -46,22 +46,22 @@ def round_robin_shortest(*sources):
         i += 1
 
 
-def round_robin_longest(*sources):
+def round_robin_longest(*sources: Iterator[Any]) -> Iterator[Any]:
     """One item from each iterator in turn, dropping exhausted ones, until none is left."""
-    sources = list(sources)
+    live = list(sources)
     i = 0
-    while sources:
-        i %= len(sources)
+    while live:
+        i %= len(live)
         try:
-            item = next(sources[i])
+            item = next(live[i])
         except StopIteration:
-            del sources[i]  # the next source moves into place i
+            del live[i]  # the next source moves into place i
             continue
         yield item
         i += 1
 
 
-def _checked_probs(probs, n):
+def _checked_probs(probs: Optional[Iterable[float]], n: int) -> List[float]:
     """``probs`` as a list of ``n`` finite non-negative floats, or ValueError."""
     if probs is None:
         return [1.0] * n
@@ -76,7 +76,8 @@ def _checked_probs(probs, n):
     return [float(p) for p in probs]
 
 
-def random_samples(sources, probs=None, longest=False, rng=None):
+def random_samples(sources: Iterable[Iterator[Any]], probs: Optional[Iterable[float]] = None, longest: bool = False,
+                   rng: Optional[random.Random] = None) -> Iterator[Any]:
     """Items from iterators picked at random in proportion to ``probs``.
 
     Ends when a picked source is exhausted, or with ``longest=True`` when every
@@ -107,7 +108,7 @@ def random_samples(sources, probs=None, longest=False, rng=None):
             yield item
 
 
-def _set_epoch(datasets, epoch):
+def _set_epoch(datasets: Iterable[Any], epoch: int) -> None:
     for dataset in datasets:
         if hasattr(dataset, "set_epoch"):
             dataset.set_epoch(epoch)
@@ -125,7 +126,7 @@ class RoundRobin(IterableDataset):
         """Pass the epoch on to the datasets that take one."""
         _set_epoch(self.datasets, epoch)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         sources = [iter(d) for d in self.datasets]
         if not sources:
             return iter(())
@@ -160,13 +161,13 @@ class RandomMix(IterableDataset):
         """The mixing weights of an epoch: ``probs`` (subclasses may vary them)."""
         return self.probs
 
-    def _rng(self):
+    def _rng(self) -> Optional[random.Random]:
         if self.seed is None:
             return None
         rank, _, worker, _ = pytorch_worker_info()
         return random.Random(make_seed(self.seed, self.epoch, rank, worker))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         if self._next_epoch is not None:
             self.epoch, self._next_epoch = self._next_epoch, None
         else:

@@ -47,7 +47,7 @@ import os
 import sys
 import warnings
 from itertools import islice
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, TypeVar
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Type, TypeVar, cast
 
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
@@ -58,6 +58,7 @@ from .utils import PipelineStage
 __all__ = ["CountedSource", "DataPipeline", "add_length_method"]
 
 _P = TypeVar("_P", bound="DataPipeline")  # the pipeline a chaining method returns: itself
+_O = TypeVar("_O")
 
 
 class CountedSource(IterableDataset):
@@ -66,33 +67,33 @@ class CountedSource(IterableDataset):
 
     epoch = 0
 
-    def check_stage(self, pipeline, stage):
+    def check_stage(self, pipeline: "DataPipeline", stage: Any) -> None:
         """Raise ValueError if ``stage`` may not be appended to ``pipeline``, which reads from
         this source."""
 
-    def hand_out(self, pipeline, batches):
+    def hand_out(self, pipeline: "DataPipeline", batches: Callable[[], Any]) -> Iterator[Any]:
         """The epoch's batches from ``batches()``, counted into ``pipeline.position`` as
         ``(epoch, batches handed out, streams)``."""
         raise NotImplementedError(f"{type(self).__name__}.hand_out")
 
-    def __len__(self):
+    def __len__(self) -> int:
         """The batches of an epoch."""
         raise NotImplementedError(f"{type(self).__name__}.__len__")
 
-    def start(self, num_workers):
+    def start(self, num_workers: int) -> Tuple[int, Any]:
         """``(batches handed out, streams)`` where the current epoch starts."""
         raise NotImplementedError(f"{type(self).__name__}.start")
 
-    def state(self, epoch, batches_done, streams):
+    def state(self, epoch: int, batches_done: int, streams: Any) -> Dict[str, Any]:
         """The state ``state_dict()`` saves after ``batches_done`` batches of ``epoch``."""
         raise NotImplementedError(f"{type(self).__name__}.state")
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: Any) -> None:
         """Make the next iteration go on from ``state``."""
         raise NotImplementedError(f"{type(self).__name__}.load_state_dict")
 
 
-def counted_source(pipeline):
+def counted_source(pipeline: Any) -> Optional[CountedSource]:
     """The ``CountedSource`` a pipeline reads from (directly, or through the DataLoader a
     ``WebLoader`` wraps), or None; NOTE [counted source]."""
     stages = getattr(pipeline, "pipeline", None)
@@ -105,19 +106,19 @@ def counted_source(pipeline):
     return first if isinstance(first, CountedSource) else None
 
 
-def _size_len(self):
+def _size_len(self: Any) -> int:
     return self.size
 
 
-def _pipeline_len(self):
+def _pipeline_len(self: Any) -> int:
     """A pipeline's length: ``size`` (which ``with_length`` sets), else its counted source's."""
     size = getattr(self, "size", None)
     if size is not None:
         return size
-    return len(counted_source(self))
+    return len(cast(CountedSource, counted_source(self)))
 
 
-def _rebuild_with_length(base, state, length=_size_len):
+def _rebuild_with_length(base: Any, state: Any, length: Callable[[Any], int] = _size_len) -> Any:
     """Unpickle an object given a length by ``add_length_method``: rebuild as ``base``, then add it."""
     obj = base.__new__(base)
     if hasattr(obj, "__setstate__"):
@@ -127,7 +128,7 @@ def _rebuild_with_length(base, state, length=_size_len):
     return _with_len(obj, length)
 
 
-def _reduce_with_length(self, protocol):
+def _reduce_with_length(self: Any, protocol: int) -> Tuple[Any, ...]:
     cls = type(self)
     getstate = getattr(self, "__getstate__", None)  # object has one only from Python 3.11
     state = getstate() if getstate is not None else dict(self.__dict__)
@@ -135,7 +136,7 @@ def _reduce_with_length(self, protocol):
 
 
 @functools.lru_cache(maxsize=None)
-def _length_class(base, length):
+def _length_class(base: Type[Any], length: Callable[[Any], int]) -> Type[Any]:
     """``base`` with ``__len__`` = ``length``; one class per pair, made once."""
     namespace = {"__len__": length, "__reduce_ex__": _reduce_with_length, "_length_base": base,
                  "__module__": base.__module__, "__qualname__": base.__qualname__ + "_Length"}
@@ -143,16 +144,16 @@ def _length_class(base, length):
     return type(base.__name__ + "_Length", bases, namespace)
 
 
-def _with_len(obj, length):
+def _with_len(obj: _O, length: Callable[[Any], int]) -> _O:
     """``obj``, its class switched to one whose ``__len__`` is ``length``: NOTE [pipeline length]."""
-    cls = type(obj)
+    cls: Any = type(obj)
     base = cls.__dict__.get("_length_base", cls)
     if base is cls or cls.__len__ is not length:
         obj.__class__ = _length_class(base, length)
     return obj
 
 
-def add_length_method(obj):
+def add_length_method(obj: _O) -> _O:
     """Give ``obj`` a ``__len__`` returning ``obj.size`` (webdataset's way to fake a length).
 
     As in webdataset, ``obj``'s class is switched to a subclass that has the
@@ -163,7 +164,7 @@ def add_length_method(obj):
     return _with_len(obj, _size_len)
 
 
-def _flatten(stages):
+def _flatten(stages: Iterable[Any]) -> Iterator[Any]:
     """Stages with None dropped and lists spliced in, one level deep (as webdataset)."""
     for stage in stages:
         if isinstance(stage, list):
@@ -172,12 +173,12 @@ def _flatten(stages):
             yield stage
 
 
-def _is_source(stage):
+def _is_source(stage: Any) -> bool:
     return isinstance(stage, (IterableDataset, DataLoader, PipelineStage)) or callable(stage) \
         or hasattr(stage, "__iter__")
 
 
-def _is_filter(stage):
+def _is_filter(stage: Any) -> bool:
     return isinstance(stage, PipelineStage) or callable(stage)
 
 
@@ -190,8 +191,8 @@ class DataPipeline(IterableDataset):
         self.repetitions = 1
         self.nsamples = -1
         self._keep = False  # with_epoch mode, NOTE [epoch iterator]
-        self._source = None
-        self._source_pid = None
+        self._source: Any = None  # the generator kept across epochs
+        self._source_pid: Optional[int] = None
         self.position = None  # (epoch, batches handed out, streams) with a counted source
         self._clock: Optional[StageClock] = None  # a StageClock while stage times are on
         for stage in _flatten(args):
@@ -280,20 +281,20 @@ class DataPipeline(IterableDataset):
             if count == 0:
                 break
 
-    def _drop_source(self):
+    def _drop_source(self) -> None:
         source, pid = self._source, self._source_pid
         self._source = self._source_pid = None
         if source is not None and pid == os.getpid():
             source.close()  # runs the stages' cleanup (open shards); a fork's copy is left alone
 
-    def _kept(self):
+    def _kept(self) -> Iterator[Any]:
         """The iterator kept across epochs; see NOTE [epoch iterator]."""
         if self._source is None or self._source_pid != os.getpid():
             self._source = self.iterator()
             self._source_pid = os.getpid()
         return self._source
 
-    def _epoch(self, n):
+    def _epoch(self, n: int) -> Iterator[Any]:
         """``n`` items from the kept iterator; fewer only if the data is empty."""
         for _ in range(n):
             source = self._kept()
@@ -401,7 +402,7 @@ class DataPipeline(IterableDataset):
 
     # -- counted epochs: NOTE [counted source]
 
-    def _state_source(self):
+    def _state_source(self) -> CountedSource:
         source = counted_source(self)
         if source is None:
             raise ValueError("state_dict() and load_state_dict() need a pipeline that reads from "
@@ -431,7 +432,7 @@ class DataPipeline(IterableDataset):
             if hasattr(step, "close"):
                 step.close()
 
-    def __getstate__(self):
+    def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         state["_source"] = None  # a live generator: see NOTE [epoch iterator]
         state["_source_pid"] = None

@@ -16,7 +16,7 @@ import os
 import random
 import sys
 import time
-from typing import Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Union
 
 from torch.utils.data import IterableDataset
 
@@ -57,7 +57,7 @@ __all__ = [
 _ShardSpec = Union[str, "os.PathLike[str]", Iterable[Union[str, "os.PathLike[str]"]]]
 
 
-def _nonempty(urls, spec):
+def _nonempty(urls: List[str], spec: Any) -> List[str]:
     if not urls:
         raise ValueError(f"no shards in shard spec {spec!r}")
     return urls
@@ -74,10 +74,10 @@ class SimpleShardList(IterableDataset):
         self.urls = _nonempty(expand_source(urls), urls)
         self.seed = time.time_ns() if seed is True else seed
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.urls)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Dict[str, str]]:
         urls = list(self.urls)
         if self.seed is not None:
             random.Random(self.seed).shuffle(urls)  # webdataset's order for a seed
@@ -118,13 +118,13 @@ class ResampledShards(IterableDataset):
         """Make the next iteration epoch ``epoch`` (later ones count on from it)."""
         self._next_epoch = int(epoch)
 
-    def _epoch_seed(self):
+    def _epoch_seed(self) -> int:
         if self.deterministic:
             return make_seed(self.worker_seed(), self.epoch, self.seed)
         return make_seed(self.worker_seed(), self.epoch, self.seed, os.getpid(),
                          time.time_ns(), os.urandom(8))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Dict[str, str]]:
         if self._next_epoch is not None:
             self.epoch, self._next_epoch = self._next_epoch, None
         else:

@@ -17,7 +17,7 @@ import random
 import re
 import sys
 import zlib
-from typing import Any, Callable, Collection, Dict, Iterable, Iterator, Mapping, Optional, Set, Tuple, Union
+from typing import IO, Any, Callable, Collection, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 from .gopen import gopen, local_path
 from .formats import tar as _tf
@@ -58,13 +58,13 @@ _META_FILES = r"__[^/]*__($|/)"
 class _Boundary:
     """A marker between shards in the member stream (never a sample)."""
 
-    def __init__(self, name):
+    def __init__(self, name: str) -> None:
         self.name = name
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return self.name
 
-    def __reduce__(self):
+    def __reduce__(self) -> Any:
         return self.name  # unpickles to the module-level singleton
 
 
@@ -72,11 +72,11 @@ class ShardFailed(_Boundary):
     """The marker after a shard that broke midway; ``member`` names the damaged
     member when the error knows it, so the sample before it can still be kept."""
 
-    def __init__(self, member=None):
+    def __init__(self, member: Optional[str] = None) -> None:
         super().__init__("SHARD_FAILED")
         self.member = member
 
-    def __reduce__(self):
+    def __reduce__(self) -> Any:
         return (ShardFailed, (self.member,))
 
 
@@ -84,7 +84,7 @@ SHARD_END = _Boundary("SHARD_END")
 SHARD_FAILED = ShardFailed()
 
 
-def base_plus_ext(path):
+def base_plus_ext(path: str) -> Tuple[Optional[str], Optional[str]]:
     """Split a member path into (key, extension) at the first dot of its basename.
 
     ``"a/b.c/img.seg.png"`` -> ``("a/b.c/img", "seg.png")``; a name without a
@@ -97,12 +97,12 @@ def base_plus_ext(path):
     return path[:dot], path[dot + 1:]
 
 
-def valid_sample(sample):
+def valid_sample(sample: Any) -> bool:
     """A sample worth yielding: a non-empty dict not marked ``__bad__``."""
     return isinstance(sample, dict) and len(sample) > 0 and not sample.get("__bad__", False)
 
 
-def shardlist(urls, *, shuffle=False):
+def shardlist(urls: Union[str, Iterable[str]], *, shuffle: bool = False) -> Iterator[Dict[str, str]]:
     """Shard URLs as ``{"url": ...}`` dicts, the simplest source.
 
     A string is a shard spec (braces, ``::``, ``${name}``, see ``expand_urls``).
@@ -126,7 +126,7 @@ def url_opener(data: Iterable[Union[str, Mapping[str, Any]]], handler: Callable[
     (hence ``tarfile_to_samples``) does not.
     """
 
-    def opened(sample):
+    def opened(sample: Union[str, Mapping[str, Any]]) -> Iterator[Dict[str, Any]]:
         if isinstance(sample, str):
             sample = {"url": sample}
         url = sample["url"]
@@ -142,14 +142,14 @@ def url_opener(data: Iterable[Union[str, Mapping[str, Any]]], handler: Callable[
 class _Prefixed(io.RawIOBase):
     """A stream with bytes already read from it put back in front."""
 
-    def __init__(self, head, stream):
+    def __init__(self, head: bytes, stream: Any) -> None:
         self.head = head
         self.stream = stream
 
-    def readable(self):
+    def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer):
+    def readinto(self, buffer: Any) -> int:
         if self.head:
             n = min(len(buffer), len(self.head))
             buffer[:n] = self.head[:n]
@@ -163,7 +163,7 @@ class _Prefixed(io.RawIOBase):
         return len(chunk)
 
 
-def _read_upto(stream, n):
+def _read_upto(stream: Any, n: int) -> bytes:
     data = b""
     while len(data) < n:
         more = stream.read(n - len(data))
@@ -173,7 +173,7 @@ def _read_upto(stream, n):
     return data
 
 
-def _decompressed(stream):
+def _decompressed(stream: Any) -> Any:
     """The tar stream inside ``stream``: gzip is recognised by its magic, not its name."""
     peek = getattr(stream, "peek", None)
     head = peek(2)[:2] if peek is not None else b""
@@ -185,7 +185,8 @@ def _decompressed(stream):
     return stream
 
 
-def _members(stream, url, max_member_size=None):
+def _members(stream: Any, url: Optional[str],
+             max_member_size: Optional[int] = None) -> Iterator[Tuple[str, Optional[bytes], int, Optional[str]]]:
     """``(name, data, offset, link)`` of each member with data, then the stream read to its end;
     ``link`` is the member a link member was resolved to, else None (NOTE [tar links] in
     ``wdsmp.formats.tar``).
@@ -195,6 +196,7 @@ def _members(stream, url, max_member_size=None):
     become TarFormatErrors naming the shard.
     """
     splitter = None
+    offset: Optional[int]  # a member's; in the except clause, the cut member's (None: not known)
     try:
         tar = _decompressed(stream)
         splitter = tar_splitter_class()(tar, url, max_member_size=max_member_size)
@@ -209,8 +211,11 @@ def _members(stream, url, max_member_size=None):
         raise TarFormatError(f"corrupt gzip stream: {exn}", url, member, offset) from exn
 
 
-def tar_file_iterator(fileobj, skip_meta=_META_FILES, handler=reraise_exception,
-                      select_files=None, rename_files=None, url=None, max_member_size=None):
+def tar_file_iterator(fileobj: IO[bytes], skip_meta: Optional[str] = _META_FILES,
+                      handler: Callable[[Exception], Any] = reraise_exception,
+                      select_files: Optional[Callable[[str], Any]] = None,
+                      rename_files: Optional[Callable[[str], str]] = None, url: Optional[str] = None,
+                      max_member_size: Optional[int] = None) -> Iterator[Dict[str, Any]]:
     """Yield ``{"fname", "data", "__offset__"}`` for each regular member of a tar stream.
 
     ``select_files(fname)`` keeps a member when true; ``rename_files(fname)``
@@ -237,8 +242,10 @@ def tar_file_iterator(fileobj, skip_meta=_META_FILES, handler=reraise_exception,
         handler(exn)
 
 
-def tar_file_expander(data, handler=reraise_exception, select_files=None, rename_files=None,
-                      eof_value=None, boundaries=False, max_member_size=None):
+def tar_file_expander(data: Iterable[Mapping[str, Any]], handler: Callable[[Exception], Any] = reraise_exception,
+                      select_files: Optional[Callable[[str], Any]] = None,
+                      rename_files: Optional[Callable[[str], str]] = None, eof_value: Any = None,
+                      boundaries: bool = False, max_member_size: Optional[int] = None) -> Iterator[Any]:
     """Members of every shard in ``data`` (dicts with ``url`` and ``stream``).
 
     ``eof_value``, unless None, follows each shard that ended cleanly
@@ -249,7 +256,7 @@ def tar_file_expander(data, handler=reraise_exception, select_files=None, rename
     marker when it broke midway. ``max_member_size``: see :func:`tar_file_iterator`.
     """
 
-    def members(source):
+    def members(source: Mapping[str, Any]) -> Iterator[Any]:
         url = source["url"]
         stream = source["stream"]
         path = source.get("local_path")
@@ -278,12 +285,12 @@ def tar_file_expander(data, handler=reraise_exception, select_files=None, rename
     yield from handle_each(data, members, handler)
 
 
-def _sample_error(problem, member, handler):
+def _sample_error(problem: str, member: Mapping[str, Any], handler: Optional[Callable[[Exception], Any]]) -> Any:
     exn = SampleError(problem, member.get("__url__"), member["fname"], member.get("__offset__"))
     return (handler or reraise_exception)(exn)
 
 
-def _complete(sample, boundary, keys):
+def _complete(sample: Mapping[str, Any], boundary: Any, keys: Callable[[str], Tuple[Any, Any]]) -> bool:
     """Whether a shard's last sample is whole: always at a clean end; after a failure,
     only when the damaged member is known to belong to another sample."""
     if boundary is SHARD_END:
@@ -357,7 +364,8 @@ def group_by_keys(data: Iterable[Any], keys: Callable[[str], Tuple[Any, Any]] = 
         yield current
 
 
-def sample_count(names, boundary=SHARD_END, keys=base_plus_ext):
+def sample_count(names: Iterable[str], boundary: _Boundary = SHARD_END,
+                 keys: Callable[[str], Tuple[Any, Any]] = base_plus_ext) -> int:
     """How many samples ``tarfile_samples`` makes of a local shard whose regular members are
     named ``names``, in order, ending with ``boundary`` (``SHARD_END``, or the ``ShardFailed``
     marker of a shard that broke there): the count that makes an epoch exact without reading
@@ -365,7 +373,8 @@ def sample_count(names, boundary=SHARD_END, keys=base_plus_ext):
     return len(sample_spans(((name, 0, 0) for name in names), boundary, keys))
 
 
-def sample_spans(members, boundary=SHARD_END, keys=base_plus_ext):
+def sample_spans(members: Iterable[Tuple[str, int, int]], boundary: _Boundary = SHARD_END,
+                 keys: Callable[[str], Tuple[Any, Any]] = base_plus_ext) -> List[Tuple[int, int]]:
     """The byte span ``(start, end)`` of each sample ``tarfile_samples`` makes of a local shard
     whose regular members are ``members``, ``(name, start, end)`` triples in order (``start``
     where the member's headers begin, ``end`` where its padded data ends), ending with
@@ -394,6 +403,7 @@ def sample_spans(members, boundary=SHARD_END, keys=base_plus_ext):
                 closed.add(key)
             # the keys every sample of a local file has: a field by that name is a duplicate
             key, fields, bad, start = prefix, {"__key__", "__url__"}, prefix in closed, first
+        assert fields is not None  # set at the first member of every sample
         suffix = suffix.lower()
         bad = bad or suffix in fields
         fields.add(suffix)

@@ -41,7 +41,7 @@ import posixpath
 import sys
 import tarfile
 import time
-from typing import IO, Any, Callable, Dict, List, Literal, Optional, TypeVar, Union, cast
+from typing import IO, Any, Callable, Dict, List, Literal, Optional, Tuple, TypeVar, Union, cast
 
 from .gopen import abandon, gopen
 from .formats.encoders import (
@@ -85,7 +85,7 @@ _W = TypeVar("_W", bound="TarWriter")
 _S = TypeVar("_S", bound="ShardWriter")
 
 
-def _leaves_cleanly(exn):
+def _leaves_cleanly(exn: Optional[BaseException]) -> bool:
     """Whether a ``with`` block that ended with ``exn`` (None: none) finished its writing: it
     ended normally, by ``sys.exit(0)`` (or ``sys.exit()``), or as a generator closed by its
     consumer (``GeneratorExit``: the consumer stopped asking, after whole samples); the archive
@@ -99,7 +99,7 @@ def _leaves_cleanly(exn):
 # Member names.
 
 
-def _check_path(name, what):
+def _check_path(name: str, what: str) -> None:
     """Reject names that could write outside the extraction directory."""
     if "\0" in name or "\\" in name:
         raise ValueError(f"{what} {name!r} contains a NUL or a backslash")
@@ -109,7 +109,7 @@ def _check_path(name, what):
         raise ValueError(f"{what} {name!r} has a '..' path component")
 
 
-def _check_key(key):
+def _check_key(key: Any) -> None:
     if not isinstance(key, str):
         raise ValueError(f"__key__ must be a str, got {type(key).__name__} {key!r}")
     _check_path(key, "__key__")
@@ -130,17 +130,18 @@ class _Packer:
     this part lives apart from the stream.
     """
 
-    def __init__(self, user="bigdata", group="bigdata", mode=0o0444, encoder=True,
-                 keep_meta=False, mtime=0, format=None):  # noqa: A002
+    def __init__(self, user: str = "bigdata", group: str = "bigdata", mode: int = 0o0444,
+                 encoder: Union[None, bool, Dict[str, Callable[[Any], Any]], Callable[..., Any]] = True,
+                 keep_meta: bool = False, mtime: Optional[float] = 0, format: Any = None) -> None:  # noqa: A002
         self.encoder = make_encoder(encoder)
         self.user, self.group, self.mode = user, group, mode
         self.keep_meta = keep_meta
         self.mtime = mtime
-        self.format = tarfile.PAX_FORMAT if format is None else getattr(tarfile, str(format), format)
+        self.format: Any = tarfile.PAX_FORMAT if format is None else getattr(tarfile, str(format), format)
         if self.format not in (tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT):
             raise ValueError(f"unknown tar format {format!r}; use 'USTAR_FORMAT', 'GNU_FORMAT' or 'PAX_FORMAT'")
 
-    def pack(self, sample):
+    def pack(self, sample: Dict[str, Any]) -> List[Tuple[tarfile.TarInfo, bytes]]:
         if not isinstance(sample, dict):
             raise ValueError(f"a sample must be a dict, got {type(sample).__name__}")
         encoded = self.encoder(sample)
@@ -177,7 +178,7 @@ class _Packer:
             members.append((info, value))
         return members
 
-    def size(self, members):
+    def size(self, members: List[Tuple[tarfile.TarInfo, bytes]]) -> int:
         """Bytes ``members`` take in the (uncompressed) tar stream: headers plus padded data."""
         return sum(len(info.tobuf(self.format, "utf-8", "surrogateescape")) + -(-info.size // 512) * 512
                    for info, _ in members)
@@ -186,7 +187,7 @@ class _Packer:
 _SUFFIX_COMPRESSION = {"gz": "gz", "tgz": "gz", "bz2": "bz2", "xz": "xz"}
 
 
-def _compression(name, compress):
+def _compression(name: Optional[str], compress: Optional[Union[bool, str]]) -> Optional[str]:
     """None, "gz", "bz2" or "xz": ``compress`` (True means gzip), or when None the name's suffix."""
     if compress is None:
         return _SUFFIX_COMPRESSION.get(name.rsplit(".", 1)[-1].lower()) if name else None
@@ -285,14 +286,14 @@ class TarWriter:
         """Write a sample given as keyword arguments: ``dwrite("k", jpg=image, cls=3)``."""
         return self.write(dict(__key__=key, **kw))
 
-    def _add(self, members):
+    def _add(self, members: List[Tuple[tarfile.TarInfo, bytes]]) -> int:
         start = self.tarstream.offset
         for info, data in members:
             self.tarstream.addfile(info, io.BytesIO(data))
         return self.tarstream.offset - start
 
 
-def _gopen_for_writing(fname):
+def _gopen_for_writing(fname: str) -> IO[bytes]:
     return gopen(fname, "wb")
 
 

@@ -5,6 +5,7 @@ import os
 import random
 import re
 import time
+from typing import Any, Dict, Iterator, List, Optional
 
 from torch.utils.data import IterableDataset
 
@@ -14,7 +15,7 @@ from .._internal.liveness import pid_alive
 __all__ = ["DirectoryShardList", "check_pid_is_running", "get_pid_from_filename", "without_last_extension"]
 
 
-def check_pid_is_running(pid):
+def check_pid_is_running(pid: int) -> bool:
     """Whether process ``pid`` exists (on this machine).
 
     A process of another user counts as running (webdataset says it is not,
@@ -23,7 +24,7 @@ def check_pid_is_running(pid):
     return pid_alive(pid)
 
 
-def without_last_extension(fname):
+def without_last_extension(fname: str) -> str:
     """``fname`` without its last ``.ext`` (in its last path component only)."""
     head, tail = os.path.split(fname)
     stem, dot, _ = tail.rpartition(".")
@@ -34,13 +35,13 @@ _CLAIMED = re.compile(r"^(.*)\._(\d+)_$")
 _DONE = "._done_"
 
 
-def get_pid_from_filename(fname):
+def get_pid_from_filename(fname: str) -> Optional[int]:
     """The pid of a claimed shard's name (``shard.tar._1234_`` -> 1234), else None."""
     match = _CLAIMED.match(fname)
     return int(match.group(2)) if match else None
 
 
-def _mtime(fname):
+def _mtime(fname: str) -> float:
     try:
         return os.stat(fname).st_mtime
     except FileNotFoundError:  # claimed by another process since it was listed
@@ -76,8 +77,8 @@ class DirectoryShardList(IterableDataset):
     MODES = ("resample", "keep", "unlink")
     SELECTS = ("random", "oldest")
 
-    def __init__(self, path, pattern="*.{tar,tgz,tar.tgz}", poll=1, timeout=1e12, mode="resample",
-                 select="random", fate=None):
+    def __init__(self, path: Any, pattern: str = "*.{tar,tgz,tar.tgz}", poll: Optional[float] = 1,
+                 timeout: float = 1e12, mode: str = "resample", select: str = "random", fate: Any = None) -> None:
         super().__init__()
         if not os.path.isdir(path):
             raise ValueError(f"DirectoryShardList: {path!r} is not a directory")
@@ -96,7 +97,7 @@ class DirectoryShardList(IterableDataset):
         self.select = select
         self.fate = fate
 
-    def recycle(self, activename):
+    def recycle(self, activename: str) -> None:
         """Return a claimed shard by ``mode``: rename back, mark done, or delete."""
         if self.mode == "unlink":
             os.unlink(activename)
@@ -106,11 +107,11 @@ class DirectoryShardList(IterableDataset):
             os.rename(activename, without_last_extension(activename))
 
     @staticmethod
-    def _release(activename):
+    def _release(activename: str) -> None:
         """Give a claimed shard back under its own name, unfinished."""
         os.rename(activename, without_last_extension(activename))
 
-    def cleanup_files_without_processes(self):
+    def cleanup_files_without_processes(self) -> None:
         """Give back the shards claimed by processes that no longer run."""
         for fname in glob.glob(os.path.join(glob.escape(self.path), "*._*_")):
             pid = get_pid_from_filename(fname)
@@ -121,11 +122,11 @@ class DirectoryShardList(IterableDataset):
             except FileNotFoundError:  # another reader gave it back first
                 pass
 
-    def _candidates(self):
+    def _candidates(self) -> List[str]:
         names = glob_with_braces(os.path.join(glob.escape(self.path), self.pattern))
         return sorted({n for n in names if get_pid_from_filename(n) is None and not n.endswith(_DONE)})
 
-    def _claim(self):
+    def _claim(self) -> Optional[str]:
         """Rename one free shard to this process's claimed name; None when there is none."""
         while True:
             candidates = self._candidates()
@@ -142,7 +143,7 @@ class DirectoryShardList(IterableDataset):
                 continue
             return activename
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Dict[str, str]]:
         deadline = time.monotonic() + self.timeout
         while True:
             activename = self._claim()

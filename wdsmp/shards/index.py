@@ -18,6 +18,7 @@ come without counts (``index_beside``).
 import json
 import os
 import posixpath
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from .._internal.atomic import atomic_write
@@ -31,7 +32,7 @@ __all__ = ["INDEX_NAME", "index_beside", "is_index", "read_entries", "read_index
 INDEX_NAME = "index.json"  # the shard index beside the shards it lists
 
 
-def is_index(urls):
+def is_index(urls: Any) -> bool:
     """Whether a loader's ``urls`` argument names a shard index: a string whose path ends in
     ``.json``, a query string or fragment after it not counted (a presigned URL such as
     ``https://host/train/index.json?X-Amz-Signature=...``)."""
@@ -41,7 +42,7 @@ def is_index(urls):
     return path.endswith(".json")
 
 
-def index_beside(url):
+def index_beside(url: str) -> Optional[str]:
     """The URL of the shard index beside the remote shard ``url`` (``INDEX_NAME`` in its
     directory, without the shard's query string); None for what has no directory to look in
     (a local file, ``pipe:``, ``-``)."""
@@ -52,7 +53,7 @@ def index_beside(url):
     return urlunsplit(parts._replace(path=posixpath.join(directory or "/", INDEX_NAME), query="", fragment=""))
 
 
-def resolve_url(base, url):
+def resolve_url(base: str, url: str) -> str:
     """``url`` made absolute against the manifest at ``base`` (a path or a URL)."""
     if "://" in url or url.startswith(("pipe:", "/")) or url == "-":
         return url
@@ -63,7 +64,7 @@ def resolve_url(base, url):
     return urlunsplit(parts._replace(path=posixpath.join(posixpath.dirname(parts.path), url), query=""))
 
 
-def relative_url(index, url):
+def relative_url(index: str, url: str) -> str:
     """``url`` as the manifest at ``index`` should list it, so that ``resolve_url(index, ...)``
     names the same shard from any working directory: a local file in the manifest's directory
     or below, relative to it (the directory can move as a whole); any other local file, its
@@ -81,7 +82,7 @@ def relative_url(index, url):
     return path if outside else relative
 
 
-def read_entries(source):
+def read_entries(source: str) -> List[Dict[str, Any]]:
     """The entries of the manifest at ``source`` (path or URL, read with gopen): dicts with every
     key the writer put there (``size``, ``sha256``, ...), ``url`` made absolute against ``source``.
 
@@ -107,12 +108,12 @@ def read_entries(source):
     return entries
 
 
-def read_index(source):
+def read_index(source: str) -> List[Tuple[str, int]]:
     """``[(url, samples), ...]`` from a manifest at ``source`` (see :func:`read_entries`)."""
     return [(entry["url"], entry["samples"]) for entry in read_entries(source)]
 
 
-def write_index(path, shards, **extra):
+def write_index(path: str, shards: Iterable[Union[Tuple[str, int], Dict[str, Any]]], **extra: Any) -> None:
     """Write a manifest of ``shards`` (``(url, samples)`` pairs or dicts with more keys) to
     ``path``: a local file, atomically, or any URL gopen writes (HTTP PUT, S3, ...), whole
     at close; ``extra`` keys go to the top level."""
@@ -123,10 +124,10 @@ def write_index(path, shards, **extra):
         with gopen(path, "wb") as stream:
             stream.write(text.encode())
         return
-    write_atomic(local_path(path), text)
+    write_atomic(cast(str, local_path(path)), text)  # a local path: checked above
 
 
-def write_atomic(path, text):
+def write_atomic(path: str, text: str) -> None:
     """Write ``text`` to the local file ``path`` (its directory made if missing) through a temp
     beside it, renamed over it at the end: a reader never sees half a manifest or index file,
     and a failure leaves no temp behind."""
@@ -135,13 +136,13 @@ def write_atomic(path, text):
         stream.write(text)
 
 
-def shard_counts(urls, index=None):
+def shard_counts(urls: Any, index: Optional[str] = None) -> Sequence[Tuple[str, Optional[int]]]:
     """``[(url, count or None), ...]`` for a loader's ``urls`` argument: a manifest (``.json``),
     a shard spec (brace patterns, ``::`` lists), URLs or ``(url, count)`` pairs; with ``index``
     (a manifest) the counts come from it, and every shard must be in it."""
     if is_index(urls) and index is None:
         return read_index(urls)
-    table = shard_table(expand_urls(urls) if isinstance(urls, str) else urls)
+    table: Sequence[Tuple[str, Optional[int]]] = shard_table(expand_urls(urls) if isinstance(urls, str) else urls)
     if index is not None:
         counts = dict(read_index(index))
         missing = [url for url, _ in table if resolve_url(index, url) not in counts and url not in counts]
@@ -152,7 +153,7 @@ def shard_counts(urls, index=None):
     return table
 
 
-def shard_table(shards):
+def shard_table(shards: Iterable[Union[str, Tuple[str, Optional[int]]]]) -> Tuple[Tuple[str, Optional[int]], ...]:
     """``((url, count or None), ...)`` from URLs or ``(url, count)`` pairs, checked."""
     table = []
     for item in shards:

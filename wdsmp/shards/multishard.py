@@ -3,7 +3,7 @@
 import os
 import random
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Union
+from typing import Any, Dict, Iterator, List, Sequence, Union
 
 from torch.utils.data import IterableDataset
 
@@ -28,7 +28,7 @@ class MSSource:
 default_rng = random.Random()  # shared by unseeded MultiShardSamples, as in webdataset
 
 
-def expand(s):
+def expand(s: str) -> str:
     """``s`` with ``$VAR``/``${VAR}`` and a leading ``~`` expanded (for spec prefixes and buckets)."""
     return os.path.expanduser(os.path.expandvars(s))
 
@@ -37,7 +37,7 @@ _SPEC_KEYS = ("prefix", "datasets", "buckets")
 _DATASET_KEYS = ("name", "shards", "buckets", "resample", "choose")
 
 
-def _check_keys(mapping, allowed, where):
+def _check_keys(mapping: Any, allowed: Sequence[str], where: str) -> None:
     if not isinstance(mapping, dict):
         raise ValueError(f"{where} must be a mapping with keys {', '.join(allowed)}, "
                          f"not {type(mapping).__name__}")
@@ -47,7 +47,7 @@ def _check_keys(mapping, allowed, where):
                          f"(allowed: {', '.join(allowed)})")
 
 
-def _strings(value, where, key):
+def _strings(value: Any, where: str, key: str) -> List[str]:
     """A str or a list of str, as a list."""
     values = [value] if isinstance(value, str) else value
     if not isinstance(values, list) or not all(isinstance(v, str) for v in values):
@@ -55,14 +55,14 @@ def _strings(value, where, key):
     return values
 
 
-def _count(ds, key, where):
+def _count(ds: Dict[str, Any], key: str, where: str) -> int:
     value = ds.get(key, -1)
     if not is_int(value):
         raise ValueError(f"{where}: {key!r} must be an int, not {value!r}")
     return value
 
 
-def _parse_dataset(ds, index, spec, prefix, origin):
+def _parse_dataset(ds: Any, index: int, spec: Dict[str, Any], prefix: str, origin: str) -> MSSource:
     where = f"{origin}: datasets[{index}]"
     if isinstance(ds, dict) and isinstance(ds.get("name"), str):
         where += f" ({ds['name']!r})"
@@ -170,6 +170,6 @@ class MultiShardSample(IterableDataset):
         self.rng.shuffle(result)
         return result
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Dict[str, str]]:
         for url in self.get_shards_for_epoch():
             yield {"url": url}

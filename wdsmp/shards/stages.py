@@ -19,7 +19,7 @@ __all__ = ["non_empty", "resampled", "resampled_", "single_node_only", "split_by
 _T = TypeVar("_T")
 
 
-def _split(src, index, count, what):
+def _split(src: Iterable[_T], index: int, count: int, what: str) -> Iterator[_T]:
     """Every ``count``-th item from ``index``; warns when this share turns out empty."""
     if count <= 1:
         yield from src

@@ -8,6 +8,7 @@ import glob
 import os
 import re
 from itertools import islice
+from typing import Any, List
 
 from .._internal import env
 from .._internal.braces import expand_braces
@@ -21,7 +22,7 @@ _LIST_SEPARATOR = re.compile(r"::(?![^\[]*\])")
 _VARIABLE = re.compile(r"\$\{(\w+)\}")
 
 
-def envlookup(m):  # webdataset's parameter name
+def envlookup(m: "re.Match[str]") -> str:  # webdataset's parameter name
     """The value of ``WDS_<name>`` for a ``${name}`` regex match ``m``; ValueError when it is unset."""
     value = env.wds_variable(m.group(1))
     if value is None:
@@ -29,7 +30,7 @@ def envlookup(m):  # webdataset's parameter name
     return value
 
 
-def envsubst(s):  # webdataset's parameter name
+def envsubst(s: str) -> str:  # webdataset's parameter name
     """Replace ``${name}`` in the spec ``s`` with the environment variable ``WDS_name`` (webdataset's rule)."""
     for _ in range(10):  # values may name further variables; bounded, so no cycles
         expanded = _VARIABLE.sub(envlookup, s)
@@ -39,7 +40,7 @@ def envsubst(s):  # webdataset's parameter name
     return s
 
 
-def _globbed(url):
+def _globbed(url: str) -> List[str]:
     """A local glob pattern becomes the sorted files it matches; anything else stays. Not in
     secure mode, which refuses local files: this machine's files are not listed for a spec
     that may come from anywhere."""
@@ -51,7 +52,7 @@ def _globbed(url):
     return matches
 
 
-def _untrusted(spec):
+def _untrusted(spec: str) -> str:
     """``spec`` unchanged, unless it names a variable: a spec from a remote document may not
     read this machine's environment (its value would go out in the URLs fetched)."""
     match = _VARIABLE.search(spec)
@@ -61,7 +62,7 @@ def _untrusted(spec):
     return spec
 
 
-def expand_urls(urls, trusted=True):
+def expand_urls(urls: Any, trusted: bool = True) -> List[str]:
     """A shard spec to a list of URLs.
 
     A string is split at ``::``, gets ``${name}`` replaced by ``WDS_name`` and
@@ -89,7 +90,7 @@ def expand_urls(urls, trusted=True):
     return result
 
 
-def expand_source(source, max_urls=int(1e9)):
+def expand_source(source: Any, max_urls: int = int(1e9)) -> List[str]:
     """A spec (string or list, see ``expand_urls``) or any iterable of URLs to a list."""
     if isinstance(source, (str, os.PathLike, list, tuple)):
         return expand_urls(source)

@@ -17,7 +17,7 @@ wanted field and the fields the sample does have, where webdataset would
 silently produce a wrong sample or a bare KeyError.
 """
 
-from typing import Any, Callable
+from typing import Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Type
 
 from ..errors import MissingFieldError, SampleError, WdsmpError
 
@@ -46,7 +46,7 @@ class Curried:
     def __call__(self, data: Any) -> Any:
         return self.f(data, *self.args, **self.kw)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{self.f.__name__} {self.args} {self.kw}>"
 
 
@@ -64,7 +64,7 @@ class RestCurried:
     def __call__(self, *args: Any, **kw: Any) -> Curried:
         return Curried(self.f, *args, **kw)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<stage {self.__name__}>"
 
 
@@ -76,7 +76,7 @@ def pipelinefilter(f: Callable[..., Any]) -> RestCurried:
 # -- errors, NOTE [stage errors]
 
 
-def add_note(exn, text):
+def add_note(exn: BaseException, text: str) -> None:
     """``exn.add_note(text)``, also before Python 3.11."""
     if hasattr(exn, "add_note"):
         exn.add_note(text)
@@ -84,7 +84,8 @@ def add_note(exn, text):
         exn.__notes__ = [*getattr(exn, "__notes__", []), text]
 
 
-def handled(exn, handler, stage, item, field=None):
+def handled(exn: Exception, handler: Callable[[Exception], Any], stage: str, item: Any,
+            field: Optional[str] = None) -> Any:
     """Note where ``exn`` happened and ask ``handler``: True skips the item, False stops."""
     if not isinstance(exn, WdsmpError):  # wdsmp's own errors already say where
         where = [f"in wdsmp stage {stage}"]
@@ -99,7 +100,8 @@ def handled(exn, handler, stage, item, field=None):
     return handler(exn)
 
 
-def handle_each(data, step, handler, stage=None, where=None):
+def handle_each(data: Iterable[Any], step: Callable[[Any], Iterable[Any]], handler: Callable[[Exception], Any],
+                stage: Optional[str] = None, where: Optional[Callable[[], Optional[str]]] = None) -> Iterator[Any]:
     """What ``step(item)`` yields, for each item of ``data``, under NOTE [stage errors].
 
     ``step`` is a generator function, so an item may give no output (a dropped
@@ -120,19 +122,20 @@ def handle_each(data, step, handler, stage=None, where=None):
                 break
 
 
-def sample_error(stage, problem, sample, error=SampleError):
+def sample_error(stage: str, problem: str, sample: Mapping[str, Any],
+                 error: Type[SampleError] = SampleError) -> SampleError:
     """An ``error`` (a SampleError) about ``sample`` naming its shard, key and fields."""
     fields = ", ".join(repr(k) for k in sample)
     return error(f"{stage}: {problem}; the sample has fields {fields}",
                  url=sample.get("__url__"), member=sample.get("__key__"))
 
 
-def missing_field(stage, problem, sample):
+def missing_field(stage: str, problem: str, sample: Mapping[str, Any]) -> SampleError:
     """The MissingFieldError of a stage that did not find a field in ``sample``."""
     return sample_error(stage, problem, sample, MissingFieldError)
 
 
-def need_dict(stage, sample):
+def need_dict(stage: str, sample: Any) -> Dict[str, Any]:
     """``sample``, when it is a dict; a TypeError naming the stage otherwise."""
     if not isinstance(sample, dict):
         raise TypeError(f"{stage} needs dict samples, not {type(sample).__name__}")

@@ -19,6 +19,7 @@ has been imported by whoever made it.
 """
 
 import sys
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 
-def _check_shapes(values, name):
+def _check_shapes(values: Sequence[Any], name: Optional[str]) -> None:
     shape = values[0].shape
     for i, value in enumerate(values):
         other = getattr(value, "shape", None)
@@ -46,12 +47,12 @@ def _check_shapes(values, name):
                              f"{None if other is None else tuple(other)}")
 
 
-def _is_tensor(value):
+def _is_tensor(value: Any) -> bool:
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-def _stack(tensors):
+def _stack(tensors: List[Any]) -> Any:
     """``torch.stack(tensors)``; in a DataLoader worker, into shared memory for plain CPU
     tensors of one dtype without grad (through ``default_collate``, which does that)."""
     import torch
@@ -65,7 +66,8 @@ def _stack(tensors):
     return torch.stack(tensors)
 
 
-def combine_values(b, combine_tensors=True, combine_scalars=True, name=None):
+def combine_values(b: Sequence[Any], combine_tensors: bool = True, combine_scalars: bool = True,
+                   name: Optional[str] = None) -> Any:
     """One batched value from the values ``b`` of one field; ``name`` is for messages."""
     first = b[0]
     if isinstance(first, (int, float)):  # bool and np.float64 too, as in webdataset
@@ -83,19 +85,20 @@ def combine_values(b, combine_tensors=True, combine_scalars=True, name=None):
     return list(b)
 
 
-def tuple2dict(l):  # noqa: E741 (webdataset's parameter name)
+def tuple2dict(l: Union[Dict[Any, Any], Sequence[Any]]) -> Dict[Any, Any]:  # noqa: E741 (webdataset's parameter name)
     """A tuple/list ``l`` as a dict keyed by position; a dict as it is."""
     if isinstance(l, dict):
         return l
     return dict(enumerate(l))
 
 
-def dict2tuple(d):
+def dict2tuple(d: Dict[int, Any]) -> Tuple[Any, ...]:
     """The inverse of ``tuple2dict``."""
     return tuple(d[i] for i in range(1 + max(d.keys())))
 
 
-def default_collation_fn(samples, combine_tensors=True, combine_scalars=True):
+def default_collation_fn(samples: Sequence[Any], combine_tensors: bool = True,
+                         combine_scalars: bool = True) -> Any:
     """A batch from a list of samples: a tuple for tuples and lists, else a dict (of fields
     for dicts; of positions along the first axis for arrays and tensors, as webdataset)."""
     if not samples:
@@ -117,7 +120,9 @@ def default_collation_fn(samples, combine_tensors=True, combine_scalars=True):
     return dict2tuple(result) if is_tuple else result
 
 
-def _batched(data, batchsize=20, collation_fn=default_collation_fn, partial=True):
+def _batched(data: Iterable[Any], batchsize: int = 20,
+             collation_fn: Optional[Callable[[List[Any]], Any]] = default_collation_fn,
+             partial: bool = True) -> Iterator[Any]:
     """Batches of ``batchsize`` samples, collated with ``collation_fn`` (None: lists).
 
     A batch is handed on as soon as it is full; the last, shorter one only
@@ -138,7 +143,7 @@ batched = pipelinefilter(_batched)
 
 
 
-def _unlisted(data):
+def _unlisted(data: Iterable[Any]) -> Iterator[Any]:
     """The samples of each list batch (the inverse of ``batched(collation_fn=None)``)."""
     for batch in data:
         if not isinstance(batch, list):
@@ -150,7 +155,7 @@ unlisted = pipelinefilter(_unlisted)
 
 
 
-def _unbatched(data):
+def _unbatched(data: Iterable[Any]) -> Iterator[Any]:
     """The samples of each collated batch (the inverse of ``batched()``)."""
     for batch in data:
         if isinstance(batch, (list, tuple)):

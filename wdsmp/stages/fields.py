@@ -10,7 +10,8 @@ webdataset has them.
 import io
 import pickle
 from fnmatch import fnmatch
-from typing import Any, Callable, Mapping, Optional, Sequence, Union
+from typing import (IO, Any, Callable, Dict, Iterable, Iterator, List, Mapping, NoReturn, Optional, Sequence, Tuple,
+                    Union)
 
 from .._internal import env
 from .base import handle_each, missing_field, need_dict, pipelinefilter, sample_error
@@ -36,7 +37,7 @@ __all__ = [
 ]
 
 
-def _alternatives(spec):
+def _alternatives(spec: Union[str, Iterable[Any]]) -> List[Any]:
     """``"jpg;png"`` -> ``["jpg", "png"]``; a list is already alternatives."""
     if isinstance(spec, str):
         if " " in spec:
@@ -46,14 +47,15 @@ def _alternatives(spec):
     return list(spec)
 
 
-def _spec_text(alternatives):
+def _spec_text(alternatives: Iterable[Any]) -> str:
     return ";".join(str(a) for a in alternatives)
 
 
 _MISSING = object()
 
 
-def _first(sample, alternatives, stage, missing_is_error=True, default=None):
+def _first(sample: Mapping[Any, Any], alternatives: Iterable[Any], stage: str, missing_is_error: bool = True,
+           default: Any = None) -> Any:
     """The value of the first of ``alternatives`` that ``sample`` has."""
     for k in alternatives:
         value = sample.get(k, _MISSING)
@@ -70,7 +72,7 @@ def getfirst(a: Mapping[str, Any], keys: Union[str, Sequence[str]], default: Any
     return _first(a, _alternatives(keys), "getfirst", missing_is_error, default)
 
 
-def parse_field_spec(fields):
+def parse_field_spec(fields: Union[str, Iterable[str]]) -> List[List[str]]:
     """``"jpg;png cls"`` -> ``[["jpg", "png"], ["cls"]]``."""
     if isinstance(fields, str):
         fields = fields.split()
@@ -94,7 +96,8 @@ def transform_with(sample: Sequence[Any],
 # -- stages
 
 
-def _to_tuple(data, *args, handler=reraise_exception, missing_is_error=True, none_is_error=None):
+def _to_tuple(data: Iterable[Dict[str, Any]], *args: Any, handler: Callable[[Exception], Any] = reraise_exception,
+              missing_is_error: bool = True, none_is_error: Optional[bool] = None) -> Iterator[Tuple[Any, ...]]:
     """Tuples of fields: ``to_tuple("jpg;png", "cls", "__key__")`` or ``to_tuple("jpg cls")``.
 
     A missing field is an error unless ``missing_is_error=False`` (then it is
@@ -104,10 +107,10 @@ def _to_tuple(data, *args, handler=reraise_exception, missing_is_error=True, non
     if none_is_error is None:
         none_is_error = missing_is_error
     if len(args) == 1 and isinstance(args[0], str) and " " in args[0]:
-        args = args[0].split()
+        args = tuple(args[0].split())
     specs = [_alternatives(a) for a in args]
 
-    def fields(sample):
+    def fields(sample: Any) -> Iterator[Tuple[Any, ...]]:
         need_dict("to_tuple", sample)
         result = tuple(_first(sample, alts, "to_tuple", missing_is_error) for alts in specs)
         if none_is_error:
@@ -122,7 +125,8 @@ def _to_tuple(data, *args, handler=reraise_exception, missing_is_error=True, non
 to_tuple = pipelinefilter(_to_tuple)
 
 
-def _rename(data, handler=reraise_exception, keep=True, **kw):
+def _rename(data: Iterable[Dict[str, Any]], handler: Callable[[Exception], Any] = reraise_exception, keep: bool = True,
+            **kw: Any) -> Iterator[Dict[str, Any]]:
     """``rename(new="old1;old2")``: the first old field present, under the new name.
 
     With ``keep=True`` the other fields stay (the old names go); with
@@ -132,7 +136,7 @@ def _rename(data, handler=reraise_exception, keep=True, **kw):
     specs = {new: _alternatives(old) for new, old in kw.items()}
     replaced = {old for alts in specs.values() for old in alts}
 
-    def renamed(sample):
+    def renamed(sample: Any) -> Iterator[Dict[str, Any]]:
         need_dict("rename", sample)
         result = {new: _first(sample, alts, "rename") for new, alts in specs.items()}
         if keep:
@@ -145,12 +149,13 @@ def _rename(data, handler=reraise_exception, keep=True, **kw):
 rename = pipelinefilter(_rename)
 
 
-def _extract_keys(source, *patterns, duplicate_is_error=True, ignore_missing=False,
-                  handler=reraise_exception):
+def _extract_keys(source: Iterable[Dict[str, Any]], *patterns: Any, duplicate_is_error: bool = True,
+                  ignore_missing: bool = False,
+                  handler: Callable[[Exception], Any] = reraise_exception) -> Iterator[Tuple[Any, ...]]:
     """Tuples of the fields matching glob ``patterns`` (``"*.jpg;*.png"``; ``.jpg`` matches jpg)."""
     specs = [_alternatives(p) for p in patterns]
 
-    def extracted(sample):
+    def extracted(sample: Any) -> Iterator[Tuple[Any, ...]]:
         result = []
         need_dict("extract_keys", sample)
         for alts in specs:
@@ -171,15 +176,16 @@ def _extract_keys(source, *patterns, duplicate_is_error=True, ignore_missing=Fal
 extract_keys = pipelinefilter(_extract_keys)
 
 
-def _rename_keys(source, *args, keep_unselected=False, must_match=True, duplicate_is_error=True,
-                 handler=reraise_exception, **kw):
+def _rename_keys(source: Iterable[Dict[str, Any]], *args: Tuple[str, str], keep_unselected: bool = False,
+                 must_match: bool = True, duplicate_is_error: bool = True,
+                 handler: Callable[[Exception], Any] = reraise_exception, **kw: str) -> Iterator[Dict[str, Any]]:
     """Rename fields whose (lower-cased base) name matches a glob: ``(new, pattern)`` pairs
     or ``new=pattern``; later renamings win. Unmatched fields go unless ``keep_unselected``."""
     renamings = [(pattern, new) for new, pattern in args]
     renamings += [(pattern, new) for new, pattern in kw.items()]
     renamings.reverse()
 
-    def renamed(sample):
+    def renamed(sample: Any) -> Iterator[Dict[str, Any]]:
         result = {}
         matched = set()
         for path, value in need_dict("rename_keys", sample).items():
@@ -209,17 +215,17 @@ rename_keys = pipelinefilter(_rename_keys)
 # -- decoding by glob
 
 
-def decode_bin(stream):
+def decode_bin(stream: IO[bytes]) -> bytes:
     """The bytes of a field."""
     return stream.read()
 
 
-def decode_text(stream):
+def decode_text(stream: IO[bytes]) -> str:
     """A field as UTF-8 text."""
     return stream.read().decode("utf-8")
 
 
-def decode_pickle(stream):
+def decode_pickle(stream: IO[bytes]) -> Any:
     """An unpickled field; refused under ``WDS_SECURE=1``, as pickles can run code.
 
     ``xdecode`` calls it only with ``unsafe=True`` (NOTE [unsafe decoders] in
@@ -230,7 +236,7 @@ def decode_pickle(stream):
     return pickle.load(stream)
 
 
-def _refuse_pickle(stream):
+def _refuse_pickle(stream: IO[bytes]) -> NoReturn:
     """What ``decode_pickle`` becomes in an ``xdecode`` without ``unsafe=True``."""
     raise DecodeError("refusing to unpickle the field: unpickling runs arbitrary code; if the data is "
                       "trusted, pass unsafe=True to xdecode()")
@@ -243,7 +249,7 @@ default_decoders = [
 ]
 
 
-def find_decoder(decoders, path):
+def find_decoder(decoders: Sequence[Tuple[str, Any]], path: str) -> Any:
     """The decoder of the last ``(pattern, decoder)`` whose glob matches ``path``'s base name
     (lower-cased, also with a leading dot, so "*.jpg" matches a field "jpg"); None if none."""
     fname = path.rsplit("/", 1)[-1]
@@ -256,8 +262,10 @@ def find_decoder(decoders, path):
     return None
 
 
-def _xdecode(source, *args, must_decode=True, defaults=default_decoders,
-             handler=reraise_exception, unsafe=False, **kw):
+def _xdecode(source: Iterable[Dict[str, Any]], *args: Tuple[str, Any], must_decode: bool = True,
+             defaults: Sequence[Tuple[str, Any]] = default_decoders,
+             handler: Callable[[Exception], Any] = reraise_exception, unsafe: bool = False,
+             **kw: Any) -> Iterator[Dict[str, Any]]:
     """Decode fields by glob: ``(pattern, decoder)`` pairs and ``extension=decoder``.
 
     A decoder is a function of a binary stream, False (or ``identity``) to keep
@@ -277,7 +285,7 @@ def _xdecode(source, *args, must_decode=True, defaults=default_decoders,
             images[spec] = imagehandler(spec)
     path = None
 
-    def decoded(sample):
+    def decoded(sample: Any) -> Iterator[Dict[str, Any]]:
         nonlocal path
         result = {}
         path = None
@@ -297,7 +305,7 @@ def _xdecode(source, *args, must_decode=True, defaults=default_decoders,
                 result[path] = decoder(io.BytesIO(data) if isinstance(data, bytes) else data)
         yield result
 
-    def where():
+    def where() -> Optional[str]:
         return None if path is None else f"field {path!r}"
 
     yield from handle_each(source, decoded, handler, "xdecode", where)
