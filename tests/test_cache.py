@@ -319,6 +319,23 @@ def test_lru_cleanup_and_orphaned_temps(tmp_path):
     assert not orphan.exists() and busy.exists()
 
 
+def test_lru_cleanup_set_cache_dir_points_it_at_another_cache(tmp_path):
+    caches = {name: tmp_path / name for name in ("first", "second")}
+    for cache in caches.values():
+        for i, name in enumerate(["old", "mid", "new"]):
+            _cache_as(cache, f"pipe:cat {make_shard(tmp_path / f'{name}.tar', seed=i, n=1, size=1000)}", name)
+            _age(cache, name, 100 - 10 * i)
+    size = os.path.getsize(caches["first"] / "old")
+    cleanup = LRUCleanup(str(caches["first"]), cache_size=2 * size, interval=None)
+    cleanup.set_cache_dir(str(caches["second"]))
+    cleanup.cleanup()
+    assert entries(caches["first"]) == ["mid", "new", "old"]  # no longer the cache: untouched
+    assert entries(caches["second"]) == ["mid", "new"]
+    cleanup.set_cache_dir(None)
+    cleanup.cleanup()  # no cache directory: nothing to do
+    assert entries(caches["second"]) == ["mid", "new"]
+
+
 def test_eviction_removes_only_what_the_cache_wrote(tmp_path, log):
     """Files of the user's in the cache directory (even one with a lock file beside it, or in a
     subdirectory) are neither evicted nor counted."""

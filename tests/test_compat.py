@@ -239,3 +239,25 @@ def test_processor_older_form(tmp_path):
 def test_fluid_wrapper_over_any_iterable():
     wrapped = FluidWrapper([{"__key__": "a", "x": 1}, {"__key__": "b", "x": 2}])
     assert list(wrapped.to_tuple("x")) == [(1,), (2,)]
+
+
+def _remove_shards(tmp_path):
+    for path in tmp_path.glob("shard-*.tar"):
+        path.unlink()
+
+
+def test_mcached_replays_the_first_complete_pass_without_reading_again(tmp_path):
+    dataset = wds.WebDataset(make_shards(tmp_path), shardshuffle=False).mcached()
+    assert keys(dataset) == ALL
+    _remove_shards(tmp_path)  # a second pass that read the shards would fail
+    assert keys(dataset) == ALL
+
+
+def test_lmdb_cached_keeps_the_first_pass_in_a_real_lmdb_database(tmp_path):
+    pytest.importorskip("lmdb")  # in the test extras; the message names the install otherwise
+    dataset = wds.WebDataset(make_shards(tmp_path), shardshuffle=False).lmdb_cached(str(tmp_path / "samples.lmdb"))
+    assert keys(dataset) == ALL
+    _remove_shards(tmp_path)
+    assert keys(dataset) == ALL
+    assert (tmp_path / "samples.lmdb").exists()
+
