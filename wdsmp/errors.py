@@ -16,7 +16,7 @@ their passwords masked (``_redact.py``); the ``url`` attribute keeps the URL as 
 """
 
 import tarfile
-from typing import Any, Optional, cast
+from typing import Any, Optional, Tuple, Type, cast
 
 from ._internal.redact import redacted
 
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 
-def _where(url, member=None, offset=None):
+def _where(url: Optional[str], member: Optional[str] = None, offset: Optional[int] = None) -> str:
     """Text naming the place of an error: shard, member and byte offset."""
     parts = [f"shard {redacted(url)!r}" if url is not None else "shard <stream>"]
     if member is not None:
@@ -63,7 +63,7 @@ class _Located:
     # The message as it was given: KeyError, a base of MissingFieldError, would quote it.
     __str__ = BaseException.__str__
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Type["_Located"], Tuple[str, Optional[str], Optional[str], Optional[int]]]:
         # Keep the attributes when the error crosses a process boundary.
         return (type(self), (self.problem, self.url, self.member, self.offset))
 
@@ -112,5 +112,5 @@ class PipeError(WdsmpError, OSError):
         detail = f": {stderr.strip()[-500:]}" if stderr and stderr.strip() else ""
         super().__init__(f"command {command!r} exited with status {status}{detail}")
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Type["PipeError"], Tuple[str, int, str]]:
         return (type(self), (self.command, self.status, self.stderr))

@@ -51,12 +51,20 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import IO, Any, Callable, Optional, Union
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, Iterable, NoReturn, Optional, Sequence, Tuple, Union, cast
 from urllib.parse import quote, unquote, urlsplit
 
 from ._internal import env
 from ._internal.redact import redacted
 from .errors import PipeError, SecureModeError, ShardError, ShardNotFoundError
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
+
+    from .storage.remote import HTTPWriter
+    from .storage.s3 import S3Writer
+
+_URL = Union[str, "os.PathLike[str]"]
 
 __all__ = [
     "Pipe",
@@ -89,7 +97,7 @@ _STDERR_TAIL = 4000  # bytes of a command's stderr kept for its error message
 _KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL when a reader stops early
 
 
-def _check_mode(mode):
+def _check_mode(mode: str) -> None:
     if mode not in _MODES:
         raise ValueError(f"mode must be 'rb' or 'wb', not {mode!r}")
 
@@ -110,21 +118,22 @@ class Pipe(io.RawIOBase):
     proc = _stderr = None  # class defaults: close() runs from __del__ even if __init__ failed
     origin = None  # the caller's URL, when gopen rewrote it into this command
 
-    def __init__(self, command, mode="rb", bufsize=8192, timeout=3600.0,
-                 ignore_status=(), ignore_errors=False, url=None, **popen_kw):
+    def __init__(self, command: Union[str, Sequence[str]], mode: str = "rb", bufsize: int = 8192,
+                 timeout: float = 3600.0, ignore_status: Optional[Iterable[int]] = (), ignore_errors: bool = False,
+                 url: Optional[str] = None, **popen_kw: Any) -> None:
         super().__init__()
         argv = not isinstance(command, str)
-        self.command = shlex.join(command) if argv else command
+        self.command = shlex.join(command) if argv else cast(str, command)
         self.url = url or f"pipe:{self.command}"
         self.mode = mode
         _check_mode(mode)
         self.timeout = timeout
         self.ignore_status = {0, *(ignore_status or ())}
         self.ignore_errors = ignore_errors
-        self.status = None
+        self.status: Optional[int] = None
         self._stderr = tempfile.TemporaryFile()  # a file, not a pipe: it cannot fill up and deadlock
         popen_kw.setdefault("shell", not argv)
-        stdio = dict(stdout=subprocess.PIPE) if mode == "rb" else dict(stdin=subprocess.PIPE)
+        stdio: Dict[str, Any] = dict(stdout=subprocess.PIPE) if mode == "rb" else dict(stdin=subprocess.PIPE)
         try:
             # bufsize > 1 keeps a BufferedReader/Writer, whose short read means end of file.
             self.proc = subprocess.Popen(list(command) if argv else command, bufsize=bufsize if bufsize > 1 else -1,
@@ -132,49 +141,49 @@ class Pipe(io.RawIOBase):
         except OSError as exn:
             self._stderr.close()
             raise ShardError(f"cannot start command: {exn}", url=self.url) from exn
-        self._stream = self.proc.stdout if mode == "rb" else self.proc.stdin
+        self._stream = cast(io.BufferedIOBase, self.proc.stdout if mode == "rb" else self.proc.stdin)
 
-    def readable(self):
+    def readable(self) -> bool:
         return self.mode == "rb"
 
-    def writable(self):
+    def writable(self) -> bool:
         return self.mode == "wb"
 
-    def _check(self, mode):
+    def _check(self, mode: str) -> None:
         if self.closed:
             raise ValueError(f"I/O operation on closed pipe {self.url!r}")
         if self.mode != mode:
             raise io.UnsupportedOperation(f"pipe {self.url!r} was opened with mode {self.mode!r}")
 
-    def readinto(self, b):
+    def readinto(self, b: "WriteableBuffer") -> Optional[int]:
         self._check("rb")
         n = self._stream.readinto(b)
         if not n and memoryview(b).nbytes:
             self._at_eof()
         return n
 
-    def read(self, size=-1):
+    def read(self, size: Optional[int] = -1) -> bytes:
         self._check("rb")
         data = self._stream.read(size)
         if size is None or size < 0 or (not data and size):
             self._at_eof()
         return data
 
-    def readline(self, size=-1):
+    def readline(self, size: Optional[int] = -1) -> bytes:
         self._check("rb")
         line = self._stream.readline(size)
         if not line and size != 0:
             self._at_eof()
         return line
 
-    def write(self, b):
+    def write(self, b: "ReadableBuffer") -> Optional[int]:
         self._check("wb")
         try:
             return self._stream.write(b)
         except BrokenPipeError as exn:
             self._broken(exn)
 
-    def flush(self):
+    def flush(self) -> None:
         super().flush()  # raises ValueError once closed
         if self.mode == "wb" and not self._stream.closed:
             try:
@@ -182,7 +191,7 @@ class Pipe(io.RawIOBase):
             except BrokenPipeError as exn:
                 self._broken(exn)
 
-    def close(self):
+    def close(self) -> None:
         """Finish the command (NOTE [pipe status]); idempotent."""
         if self.closed:
             return
@@ -196,7 +205,7 @@ class Pipe(io.RawIOBase):
             self._release()
             super().close()
 
-    def abort(self):
+    def abort(self) -> None:
         """Writing: end the command before its input ends, its status unreported (NOTE
         [abandoned writes]); reading: as ``close()``. Idempotent."""
         if self.closed:
@@ -210,13 +219,13 @@ class Pipe(io.RawIOBase):
             self._release()
             super().close()
 
-    def _at_eof(self):
+    def _at_eof(self) -> None:
         """The command's output ended: its status decides if the data was whole."""
         if self.status is None:
             self._reap()
         self._check_status()
 
-    def _finish_writing(self):
+    def _finish_writing(self) -> None:
         try:
             self._stream.close()  # end of input for the command
         except BrokenPipeError as exn:
@@ -224,15 +233,16 @@ class Pipe(io.RawIOBase):
         self._reap()
         self._check_status()
 
-    def _broken(self, exn):
+    def _broken(self, exn: BaseException) -> NoReturn:
         """The command stopped reading its input: say why, or at least that it did."""
         if self.status is None:
             self._reap()
         self._check_status(exn)
         raise ShardError("command exited before reading all its input", url=self.url) from exn
 
-    def _stop(self):
+    def _stop(self) -> None:
         """A reader closing early ends the command; its status is then not reported."""
+        assert self.proc is not None
         try:
             self._stream.close()  # a command still writing gets SIGPIPE
         except BrokenPipeError:
@@ -240,8 +250,9 @@ class Pipe(io.RawIOBase):
         _end_process(self.proc)
         self.status = self.proc.returncode
 
-    def _reap(self):
+    def _reap(self) -> None:
         """Wait for the command, killing it if it outlives ``timeout``."""
+        assert self.proc is not None
         try:
             self.status = self.proc.wait(self.timeout)
         except subprocess.TimeoutExpired as exn:
@@ -250,22 +261,22 @@ class Pipe(io.RawIOBase):
             note = f"\n(killed: still running {self.timeout}s after its stream ended)"
             raise PipeError(self._described(), self.status, self._stderr_tail() + note) from exn
 
-    def _check_status(self, cause=None):
+    def _check_status(self, cause: Optional[BaseException] = None) -> None:
         if self.ignore_errors or self.status in self.ignore_status:
             return
-        raise PipeError(self._described(), self.status, self._stderr_tail()) from cause
+        raise PipeError(self._described(), cast(int, self.status), self._stderr_tail()) from cause
 
-    def _described(self):
+    def _described(self) -> str:
         return self.command if self.origin is None else f"{self.command} (for {self.origin})"
 
-    def _stderr_tail(self):
+    def _stderr_tail(self) -> str:
         if self._stderr is None or self._stderr.closed:
             return ""
         size = self._stderr.seek(0, io.SEEK_END)
         self._stderr.seek(max(0, size - _STDERR_TAIL))
         return self._stderr.read().decode("utf-8", "replace")
 
-    def _release(self):
+    def _release(self) -> None:
         if self.proc is not None and not self._stream.closed:
             try:
                 self._stream.close()
@@ -275,7 +286,7 @@ class Pipe(io.RawIOBase):
             self._stderr.close()
 
 
-def _end_process(proc):
+def _end_process(proc: "subprocess.Popen[bytes]") -> None:
     """SIGTERM, then SIGKILL after a grace period; waits for the process either way."""
     if proc.poll() is None:
         proc.terminate()
@@ -286,7 +297,7 @@ def _end_process(proc):
             proc.wait()
 
 
-def abandon(stream):
+def abandon(stream: Union[IO[bytes], io.IOBase]) -> None:
     """End ``stream``, opened with :func:`gopen` for writing, so that what was written never
     looks complete (NOTE [abandoned writes]): its ``abort()`` where it has one (uploads,
     ``pipe:``), else close it and remove the local regular file it wrote (never a symbolic
@@ -307,53 +318,53 @@ def abandon(stream):
 class _Borrowed(io.RawIOBase):
     """stdin or stdout lent to a caller: close() flushes but keeps the process's stream open."""
 
-    def __init__(self, stream, mode):
+    def __init__(self, stream: Any, mode: str) -> None:  # a binary standard stream, or what replaced it
         super().__init__()
         self._stream = stream
         self.mode = mode
 
-    def readable(self):
+    def readable(self) -> bool:
         return self.mode == "rb"
 
-    def writable(self):
+    def writable(self) -> bool:
         return self.mode == "wb"
 
-    def _open(self):
+    def _open(self) -> Any:
         if self.closed:
             raise ValueError("I/O operation on closed standard stream")
         return self._stream
 
-    def readinto(self, b):
+    def readinto(self, b: "WriteableBuffer") -> Optional[int]:
         return self._open().readinto(b)
 
-    def read(self, size=-1):
+    def read(self, size: Optional[int] = -1) -> bytes:
         return self._open().read(size)
 
-    def readline(self, size=-1):
+    def readline(self, size: Optional[int] = -1) -> bytes:
         return self._open().readline(size)
 
-    def write(self, b):
+    def write(self, b: "ReadableBuffer") -> Optional[int]:
         return self._open().write(b)
 
-    def flush(self):
+    def flush(self) -> None:
         super().flush()
         if self.mode == "wb":
             self._stream.flush()
 
 
-def _standard_stream(mode):
+def _standard_stream(mode: str) -> _Borrowed:
     if mode == "rb":
         return _Borrowed(getattr(sys.stdin, "buffer", sys.stdin), mode)
     sys.stdout.flush()  # text printed before comes first
     return _Borrowed(getattr(sys.stdout, "buffer", sys.stdout), mode)
 
 
-def _as_url(url):
+def _as_url(url: _URL) -> str:
     """URLs are strings; a ``pathlib.Path`` is accepted as the path it names."""
     return os.fspath(url) if isinstance(url, os.PathLike) else url
 
 
-def local_path(url):
+def local_path(url: _URL) -> Optional[str]:
     """The filesystem path a plain path or ``file:`` URL names, else None."""
     url = _as_url(url)
     if not isinstance(url, str) or url == "-":
@@ -369,7 +380,7 @@ def local_path(url):
     return unquote(parts.path)
 
 
-def gopen_file(url, mode="rb", bufsize=8192, **kw):
+def gopen_file(url: _URL, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> IO[bytes]:
     """Open a local path or ``file:`` URL; options meant for other schemes are ignored."""
     _check_mode(mode)
     url = _as_url(url)
@@ -384,8 +395,8 @@ def gopen_file(url, mode="rb", bufsize=8192, **kw):
         raise error(f"cannot open {path!r} for {action}: {exn.strerror or exn}", url=url) from exn
 
 
-def gopen_pipe(url, mode="rb", bufsize=8192, timeout=3600.0, ignore_status=(),
-               ignore_errors=False, **kw):
+def gopen_pipe(url: str, mode: str = "rb", bufsize: int = 8192, timeout: float = 3600.0,
+               ignore_status: Optional[Iterable[int]] = (), ignore_errors: bool = False, **kw: Any) -> Pipe:
     """Run the shell command after ``pipe:``; see NOTE [pipe status]."""
     if not url.startswith("pipe:"):
         raise ValueError(f"not a pipe: URL: {url!r}")
@@ -393,7 +404,8 @@ def gopen_pipe(url, mode="rb", bufsize=8192, timeout=3600.0, ignore_status=(),
                 ignore_status=ignore_status, ignore_errors=ignore_errors)
 
 
-def gopen_http(url, mode="rb", bufsize=8192, **kw):
+def gopen_http(url: str, mode: str = "rb", bufsize: int = 8192,
+               **kw: Any) -> Union[io.BufferedReader, "HTTPWriter"]:
     """``http://`` and ``https://`` in-process: reads resume where they broke, writes PUT on close.
 
     Keywords: ``connect_timeout``, ``read_timeout``, ``retries``, ``backoff``,
@@ -404,7 +416,7 @@ def gopen_http(url, mode="rb", bufsize=8192, **kw):
     return open_http(url, mode, bufsize, **kw)
 
 
-def gopen_s3(url, mode="rb", bufsize=8192, **kw):
+def gopen_s3(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Union[io.BufferedReader, "S3Writer"]:
     """``s3://bucket/key`` with boto3 (configured by the standard AWS variables); as :func:`gopen_http`."""
     from .storage.s3 import open_s3
 
@@ -412,7 +424,7 @@ def gopen_s3(url, mode="rb", bufsize=8192, **kw):
 
 
 # The command-line tools of the gs and ais schemes: argument lists, "{url}" marks the URL's place.
-_TOOLS = {
+_TOOLS: Dict[str, Dict[str, Tuple[Tuple[str, ...], ...]]] = {
     "gs": {"rb": (("gsutil", "cat", "{url}"), ("gcloud", "storage", "cat", "{url}")),
            "wb": (("gsutil", "cp", "-", "{url}"), ("gcloud", "storage", "cp", "-", "{url}"))},
     "ais": {"rb": (("ais", "get", "{url}", "-"),),
@@ -427,7 +439,7 @@ _TOOL_HINTS = {
 }
 
 
-def _tool_pipe(tool, url, mode, bufsize, timeout):
+def _tool_pipe(tool: str, url: str, mode: str, bufsize: int, timeout: float) -> Pipe:
     """Run the first of the tool's commands found on PATH, as a Pipe (NOTE [pipe status])."""
     _check_mode(mode)
     templates = _TOOLS[tool][mode]
@@ -439,17 +451,18 @@ def _tool_pipe(tool, url, mode, bufsize, timeout):
     raise ShardError(f"command-line tool {names} not found on PATH ({_TOOL_HINTS[tool]})", url=url)
 
 
-def gopen_gsutil(url, mode="rb", bufsize=8192, timeout=3600.0, **kw):
+def gopen_gsutil(url: str, mode: str = "rb", bufsize: int = 8192, timeout: float = 3600.0, **kw: Any) -> Pipe:
     """``gs://`` with ``gsutil cat`` / ``gsutil cp - URL`` (or ``gcloud storage`` when gsutil is absent)."""
     return _tool_pipe("gs", url, mode, bufsize, timeout)
 
 
-def gopen_curl(url, mode="rb", bufsize=8192, timeout=3600.0, **kw):
+def gopen_curl(url: str, mode: str = "rb", bufsize: int = 8192, timeout: float = 3600.0, **kw: Any) -> Pipe:
     """Any URL curl can fetch, through ``curl`` (webdataset's HTTP opener); a failing status is an error."""
     return _tool_pipe("curl", url, mode, bufsize, timeout)
 
 
-def gopen_htgs(url, mode="rb", bufsize=8192, **kw):
+def gopen_htgs(url: str, mode: str = "rb", bufsize: int = 8192,
+               **kw: Any) -> Union[io.BufferedReader, "HTTPWriter"]:
     """``htgs://bucket/object``: a public Google Cloud Storage object over HTTPS, read-only."""
     if mode != "rb":
         raise ValueError(f"htgs:// URLs are read-only, not {mode!r}: {url!r}")
@@ -459,7 +472,7 @@ def gopen_htgs(url, mode="rb", bufsize=8192, **kw):
     return open_http(f"https://storage.googleapis.com/{rest}", mode, bufsize, origin=url, **kw)
 
 
-def gopen_hf(url, mode="rb", bufsize=8192, **kw):
+def gopen_hf(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> Union[io.BufferedReader, "HTTPWriter"]:
     """``hf://datasets/org/name/path``: a Hugging Face Hub file over HTTPS, with the user's token."""
     if mode != "rb":
         raise ValueError(f"hf:// URLs are read-only, not {mode!r}: {url!r}")
@@ -484,7 +497,7 @@ _AIS_PROVIDERS = {"gs": "gcp", "gcp": "gcp", "s3": "aws", "aws": "aws", "az": "a
                   "ais": "ais", "oci": "oci"}
 
 
-def ais_object_url(endpoint, url):
+def ais_object_url(endpoint: str, url: str) -> str:
     """The AIStore HTTP API URL of ``scheme://bucket/object``:
     ``{endpoint}/v1/objects/{bucket}/{object}?provider=...``."""
     scheme, sep, rest = url.partition("://")
@@ -495,7 +508,8 @@ def ais_object_url(endpoint, url):
     return f"{endpoint}/v1/objects/{quote(bucket, safe='')}/{quote(name)}?provider={provider}"
 
 
-def gopen_ais(url, mode="rb", bufsize=8192, timeout=3600.0, **kw):
+def gopen_ais(url: str, mode: str = "rb", bufsize: int = 8192, timeout: float = 3600.0,
+              **kw: Any) -> Union[Pipe, io.BufferedReader, "HTTPWriter"]:
     """``ais://`` (and the schemes of ``USE_AIS_FOR``) through AIStore.
 
     With ``AIS_ENDPOINT`` set, in-process over AIStore's HTTP API (as
@@ -510,7 +524,7 @@ def gopen_ais(url, mode="rb", bufsize=8192, timeout=3600.0, **kw):
     return open_http(ais_object_url(endpoint, url), mode, bufsize, origin=url, **kw)
 
 
-def gopen_error(url, mode="rb", bufsize=8192, **kw):
+def gopen_error(url: str, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> NoReturn:
     """The opener of last resort: say which schemes there are."""
     match = _SCHEME.match(url)
     scheme = match.group(1) if match else url
@@ -519,7 +533,7 @@ def gopen_error(url, mode="rb", bufsize=8192, **kw):
                      f"add one with wdsmp.gopen.register_scheme)", url=url)
 
 
-gopen_schemes = {
+gopen_schemes: Dict[str, Callable[..., Any]] = {
     "__default__": gopen_error,
     "file": gopen_file,
     "pipe": gopen_pipe,
@@ -535,7 +549,9 @@ gopen_schemes = {
 info: dict = {}  # webdataset's module-level dict of opener state; wdsmp keeps nothing in it
 
 
-def set_options(obj, timeout=None, ignore_errors=None, ignore_status=None, handler=None):
+def set_options(obj: object, timeout: Optional[float] = None, ignore_errors: Optional[bool] = None,
+                ignore_status: Optional[Iterable[int]] = None,
+                handler: Optional[Callable[[Exception], Any]] = None) -> bool:
     """Change a ``Pipe``'s timeout and status policy after opening; False for other streams.
 
     ``handler`` is accepted for webdataset's signature: a Pipe raises its errors.
@@ -564,7 +580,7 @@ def register_scheme(scheme: str, opener: Callable[..., Any]) -> Optional[Callabl
     return previous
 
 
-def rewrite_url(url):
+def rewrite_url(url: str) -> str:
     """``url`` after the first ``GOPEN_REWRITE`` / ``WDS_REWRITE`` rule whose regex matches its start."""
     for variable, pattern, replacement in env.rewrite_rules():
         try:
@@ -576,7 +592,7 @@ def rewrite_url(url):
     return url
 
 
-def _refuse_if_insecure(url, secure):
+def _refuse_if_insecure(url: str, secure: bool) -> None:
     """Secure mode refuses what reaches the local machine: paths, file:, pipe:, ``-``."""
     cause = "secure=True" if secure else "WDS_SECURE=1" if env.secure() else None
     if cause is None:
@@ -592,13 +608,13 @@ def _refuse_if_insecure(url, secure):
     raise SecureModeError(f"{what} refused in secure mode (set by {cause})", url=url)
 
 
-def _through_ais(url):
+def _through_ais(url: str) -> bool:
     """Whether ``USE_AIS_FOR`` routes ``url`` (by its scheme) through AIStore."""
     match = _SCHEME.match(url)
     return match is not None and match.group(1).lower() in env.ais_schemes()
 
 
-def _opener(url):
+def _opener(url: str) -> Callable[..., Any]:
     match = _SCHEME.match(url)
     if match is None:
         return gopen_file
@@ -607,7 +623,7 @@ def _opener(url):
     return gopen_schemes.get(match.group(1).lower()) or gopen_schemes.get("__default__", gopen_error)
 
 
-def has_opener(url):
+def has_opener(url: _URL) -> bool:
     """Whether ``gopen`` knows how to open ``url`` (after rewriting): ``-``, a local path, or
     a scheme with an opener, so that a tool can call an unknown scheme a usage error before
     it opens anything."""
@@ -635,7 +651,7 @@ def gopen(url: Union[str, "os.PathLike[str]"], mode: str = "rb", bufsize: int = 
     try:
         _refuse_if_insecure(url, secure)
         if url == "-":
-            return _standard_stream(mode)
+            return cast(IO[bytes], _standard_stream(mode))
         stream = _opener(url)(url, mode, bufsize, **kw)
     except ShardError as exn:
         if url == given:

@@ -17,10 +17,15 @@ machine it runs on (it uses native order). The framing keeps every payload
 it (read-only when the buffer is ``bytes``). Unlike webdataset, ``uint32`` works.
 """
 
+import os
 import struct
 import sys
+from typing import IO, TYPE_CHECKING, Any, Iterable, List, Optional, Sequence, SupportsInt, Tuple, Union
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = [
     "bytedata",
@@ -71,8 +76,13 @@ _DTYPES = {code: np.dtype(name).newbyteorder("<") for name, code in long_to_shor
 _I64 = np.dtype("<i8")
 _WIDE = frozenset({"float64", "int64", "uint64"})
 
+_Buffer = Union[bytes, bytearray, memoryview]
+_Infos = Union[None, bool, Sequence[str]]  # the infos= convention: see check_infos
+_Decoded = Union[List[np.ndarray], Tuple[List[np.ndarray], List[str]]]
+_Path = Union[str, "os.PathLike[str]"]
 
-def bytelen(a):
+
+def bytelen(a: Any) -> int:
     """The size in bytes of an array or a bytes-like object."""
     if hasattr(a, "nbytes"):
         return a.nbytes
@@ -81,7 +91,7 @@ def bytelen(a):
     raise ValueError(f"cannot tell the size in bytes of a {type(a).__name__}")
 
 
-def bytedata(a):
+def bytedata(a: Any) -> _Buffer:
     """The raw data of an array (its buffer) or of a bytes-like object (itself)."""
     if isinstance(a, (bytes, bytearray, memoryview)):
         return a
@@ -90,7 +100,7 @@ def bytedata(a):
     raise ValueError(f"cannot get the raw data of a {type(a).__name__}")
 
 
-def check_acceptable_input_type(data, allow64):
+def check_acceptable_input_type(data: Iterable[np.ndarray], allow64: bool) -> None:
     """Refuse arrays tenbin cannot store, and 64-bit ones unless ``allow64``.
 
     webdataset's version has the 64-bit test inverted (it refuses every
@@ -104,12 +114,12 @@ def check_acceptable_input_type(data, allow64):
             raise ValueError(f"64-bit dtype {name} is not allowed unless allow64=True")
 
 
-def roundup(n, k=64):
+def roundup(n: int, k: int = 64) -> int:
     """``n`` rounded up to a multiple of ``k``: chunks are padded to 64 bytes."""
     return -(-n // k) * k
 
 
-def str64(s, what="string"):
+def str64(s: Union[str, bytes], what: str = "string") -> int:
     """An ASCII string of at most 8 bytes as the int64 it occupies in a header."""
     raw = s.encode("ascii") if isinstance(s, str) else bytes(s)
     if len(raw) > 8:
@@ -117,7 +127,7 @@ def str64(s, what="string"):
     return struct.unpack("<q", raw.ljust(8, b"\0"))[0]
 
 
-def unstr64(i):
+def unstr64(i: SupportsInt) -> str:
     """The string a header int64 holds (inverse of ``str64``)."""
     return struct.pack("<q", int(i)).rstrip(b"\0").decode("ascii")
 
@@ -127,14 +137,14 @@ magic_bytes = magic_str.encode("ascii")
 magic = str64(magic_str)  # the magic as the int64 it reads as
 
 
-def encode_header(a, info=""):
+def encode_header(a: np.ndarray, info: Union[str, bytes] = "") -> bytes:
     """The header chunk of array ``a``: dtype code, info, rank, shape."""
     check_acceptable_input_type([a], allow64=True)
     values = [str64(long_to_short[a.dtype.name], "dtype"), str64(info, "info"), a.ndim, *a.shape]
     return np.array(values, dtype=_I64).tobytes()
 
 
-def decode_header(h):
+def decode_header(h: _Buffer) -> Tuple[Tuple[int, ...], np.dtype, str]:
     """Parse a header chunk into ``(shape, dtype, info)``."""
     if len(h) < 24 or len(h) % 8:
         raise ValueError(f"tenbin header of {len(h)} bytes is malformed")
@@ -152,7 +162,7 @@ def decode_header(h):
     return tuple(int(d) for d in values[3:3 + rank]), _DTYPES[code], info
 
 
-def encode_list(l, infos=None):  # noqa: E741 (webdataset's parameter name)
+def encode_list(l: Sequence["npt.ArrayLike"], infos: Optional[Sequence[Union[str, bytes]]] = None) -> List[bytes]:  # noqa: E741 (webdataset's parameter name)
     """Arrays -> chunks, alternating header and data; ``infos`` names each array."""
     if infos is None:
         infos = [""] * len(l)
@@ -167,7 +177,7 @@ def encode_list(l, infos=None):  # noqa: E741 (webdataset's parameter name)
     return chunks
 
 
-def check_infos(data, infos, required_infos=None):
+def check_infos(data: List[np.ndarray], infos: List[str], required_infos: _Infos = None) -> _Decoded:
     """Apply webdataset's ``infos=`` convention to decoded arrays.
 
     False or None -> the arrays; True -> ``(arrays, infos)``; a list or tuple ->
@@ -185,11 +195,12 @@ def check_infos(data, infos, required_infos=None):
     return data
 
 
-def decode_list(l, infos=False):  # noqa: E741 (webdataset's parameter name)
+def decode_list(l: Sequence[_Buffer], infos: _Infos = False) -> _Decoded:  # noqa: E741 (webdataset's parameter name)
     """Chunks (header, data, header, data, ...) -> arrays."""
     if len(l) % 2:
         raise ValueError("tenbin data ends after a header without its data chunk")
-    arrays, names = [], []
+    arrays: List[np.ndarray] = []
+    names: List[str] = []
     for header, data in zip(l[0::2], l[1::2]):
         shape, dtype, info = decode_header(header)
         expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -200,7 +211,7 @@ def decode_list(l, infos=False):  # noqa: E741 (webdataset's parameter name)
     return check_infos(arrays, names, infos)
 
 
-def encode_chunks(l):  # noqa: E741 (webdataset's parameter name)
+def encode_chunks(l: Iterable[_Buffer]) -> bytearray:  # noqa: E741 (webdataset's parameter name)
     """Frame chunks with magic, length and padding into one bytearray."""
     result = bytearray()
     for chunk in l:
@@ -212,10 +223,11 @@ def encode_chunks(l):  # noqa: E741 (webdataset's parameter name)
     return result
 
 
-def decode_chunks(buf):
+def decode_chunks(buf: _Buffer) -> List[memoryview]:
     """Split a framed buffer into chunks (memoryviews, no copies)."""
     view = memoryview(buf).cast("B")
-    chunks, offset = [], 0
+    chunks: List[memoryview] = []
+    offset = 0
     while offset < len(view):
         if view[offset:offset + 8] != magic_bytes or offset + 16 > len(view):
             raise ValueError(f"tenbin magic missing at byte {offset}")
@@ -228,24 +240,24 @@ def decode_chunks(buf):
     return chunks
 
 
-def encode_buffer(l, infos=None):  # noqa: E741 (webdataset's parameter name)
+def encode_buffer(l: Sequence["npt.ArrayLike"], infos: Optional[Sequence[Union[str, bytes]]] = None) -> bytearray:  # noqa: E741 (webdataset's parameter name)
     """A list of arrays as one tenbin buffer (a bytearray)."""
     if not isinstance(l, (list, tuple)):
         raise ValueError(f"tenbin encode_buffer needs a list of arrays, got {type(l).__name__}")
     return encode_chunks(encode_list(l, infos=infos))
 
 
-def decode_buffer(buf, infos=False):
+def decode_buffer(buf: _Buffer, infos: _Infos = False) -> _Decoded:
     """A tenbin buffer back into a list of arrays (views of ``buf``)."""
     return decode_list(decode_chunks(buf), infos=infos)
 
 
-def write_chunk(stream, buf):
+def write_chunk(stream: IO[bytes], buf: _Buffer) -> None:
     """Write one framed chunk to a binary stream."""
     stream.write(encode_chunks([buf]))
 
 
-def read_chunk(stream):
+def read_chunk(stream: IO[bytes]) -> Optional[bytes]:
     """Read one framed chunk from a binary stream; None at a clean end of stream."""
     head = stream.read(16)
     if not head:
@@ -262,15 +274,15 @@ def read_chunk(stream):
     return data
 
 
-def write(stream, l, infos=None):  # noqa: E741 (webdataset's parameter name)
+def write(stream: IO[bytes], l: Sequence["npt.ArrayLike"], infos: Optional[Sequence[Union[str, bytes]]] = None) -> None:  # noqa: E741 (webdataset's parameter name)
     """Write a list of arrays to a binary stream."""
     for chunk in encode_list(l, infos=infos):
         write_chunk(stream, chunk)
 
 
-def read(stream, n=sys.maxsize, infos=False):
+def read(stream: IO[bytes], n: int = sys.maxsize, infos: _Infos = False) -> _Decoded:
     """Read up to ``n`` arrays from a binary stream."""
-    chunks = []
+    chunks: List[_Buffer] = []
     for _ in range(n):
         header = read_chunk(stream)
         if header is None:
@@ -282,19 +294,20 @@ def read(stream, n=sys.maxsize, infos=False):
     return decode_list(chunks, infos=infos)
 
 
-def _check_name(fname, nocheck):
+def _check_name(fname: _Path, nocheck: bool) -> None:
     if not nocheck and not str(fname).endswith(".ten"):
         raise ValueError(f"tenbin file name {fname!r} should end in .ten (or pass nocheck=True)")
 
 
-def save(fname, *args, infos=None, nocheck=False):
+def save(fname: _Path, *args: "npt.ArrayLike", infos: Optional[Sequence[Union[str, bytes]]] = None,
+         nocheck: bool = False) -> None:
     """Save arrays to a ``.ten`` file."""
     _check_name(fname, nocheck)
     with open(fname, "wb") as stream:
         write(stream, args, infos=infos)
 
 
-def load(fname, infos=False, nocheck=False):
+def load(fname: _Path, infos: _Infos = False, nocheck: bool = False) -> _Decoded:
     """Load the list of arrays in a ``.ten`` file."""
     _check_name(fname, nocheck)
     with open(fname, "rb") as stream:

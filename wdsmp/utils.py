@@ -16,7 +16,7 @@ variable, which a spawned worker would not see). wdsmp's checks read
 import itertools
 import sys
 import types
-from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, TypeVar
 
 from ._internal import env
 from ._internal.braces import fnmatch_with_braces, glob_with_braces
@@ -24,6 +24,9 @@ from ._internal.deprecation import ObsoleteException, deprecated, obsolete
 from ._internal.seeding import make_seed
 from ._internal.symbols import lookup_sym, safe_eval
 from ._internal.workerinfo import pytorch_worker_info, pytorch_worker_seed
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "ObsoleteException",
@@ -49,7 +52,7 @@ __all__ = [
 _T = TypeVar("_T")
 
 
-def is_iterable(obj):
+def is_iterable(obj: object) -> bool:
     """Whether ``obj`` can be iterated as a sequence of items (strings and bytes cannot)."""
     if isinstance(obj, (str, bytes, bytearray)):
         return False
@@ -66,18 +69,18 @@ class PipelineStage:
         return self.run(*args, **kw)
 
 
-def identity(x):
+def identity(x: _T) -> _T:
     """Return the argument: a picklable stand-in for ``lambda x: x``."""
     return x
 
 
-def repeatedly0(loader, nepochs=sys.maxsize, nbatches=sys.maxsize):
+def repeatedly0(loader: Iterable[_T], nepochs: int = sys.maxsize, nbatches: int = sys.maxsize) -> Iterator[_T]:
     """Up to ``nbatches`` items from each of ``nepochs`` passes over ``loader``."""
     for _ in range(nepochs):
         yield from itertools.islice(loader, nbatches)
 
 
-def guess_batchsize(batch):
+def guess_batchsize(batch: Sequence[Any]) -> int:
     """The batch size of a tuple/list batch: the length of its first field."""
     return len(batch[0])
 
@@ -111,7 +114,7 @@ def repeatedly(source: Iterable[_T], nepochs: Optional[int] = None, nbatches: Op
 # -- mixing
 
 
-def compute_sample_weights(n_w_pairs):
+def compute_sample_weights(n_w_pairs: Iterable[Tuple[float, float]]) -> "np.ndarray":
     """Relative sampling probabilities from ``(count, weight)`` pairs: count * weight, scaled to max 1."""
     import numpy as np
 
@@ -137,17 +140,17 @@ class _UtilsModule(types.ModuleType):
     """This module's type: it makes ``enforce_security`` a view of ``WDS_SECURE``."""
 
     @property
-    def enforce_security(self):
+    def enforce_security(self) -> bool:
         """``WDS_SECURE=1`` now (webdataset: at import); see the module docstring."""
         return env.secure()
 
     @enforce_security.setter
-    def enforce_security(self, value):
+    def enforce_security(self, value: object) -> None:
         if not isinstance(value, (bool, int)):
             raise TypeError(f"wdsmp.utils.enforce_security takes True or False, not {value!r}")
         env.set_secure(bool(value))
 
-    def __dir__(self):
+    def __dir__(self) -> List[str]:
         return sorted({*super().__dir__(), "enforce_security"})
 
 

@@ -10,13 +10,14 @@ forever.
 
 import os
 import threading
+from typing import Optional
 
 __all__ = ["exit_with_parent", "pid_alive"]
 
 PARENT_GONE = 3  # the exit code of a child whose parent died
 
 
-def pid_alive(pid):
+def pid_alive(pid: int) -> bool:
     """Whether process ``pid`` runs on this machine.
 
     A zombie is dead (it has exited and closed its files); a process of another
@@ -34,7 +35,7 @@ def pid_alive(pid):
         return True
 
 
-def exit_with_parent(sentinel=None):
+def exit_with_parent(sentinel: Optional[int] = None) -> None:
     """Exit this process (``os._exit(PARENT_GONE)``) as soon as its parent is gone, wherever its
     main thread is blocked: a daemon thread waits on ``sentinel``, the read end of a pipe whose
     write end only the parent holds, which becomes readable when the parent dies; by default
@@ -50,7 +51,7 @@ def exit_with_parent(sentinel=None):
     threading.Thread(target=_exit_when_ready, args=(sentinel,), daemon=True, name="wdsmp-parent-watch").start()
 
 
-def _exit_when_ready(sentinel):
+def _exit_when_ready(sentinel: int) -> None:
     from multiprocessing.connection import wait
 
     wait([sentinel])

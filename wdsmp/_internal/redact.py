@@ -9,17 +9,20 @@ a token, as ``***`` too. The errors' ``url`` attributes keep the URL as given.
 """
 
 import re
+from typing import TypeVar, cast
 
 __all__ = ["redacted"]
+
+_T = TypeVar("_T")
 
 # The user information ends at the last "@" before the path, as urllib.parse reads it.
 _PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s/:@]*):[^\s/]*@")
 _TOKEN = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^\s/:@]+@")
 
 
-def redacted(text):
+def redacted(text: _T) -> _T:
     """``text`` with the credentials of every URL in it masked: ``scheme://user:***@`` and
     ``scheme://***@`` (a pipe command's URLs too); anything but a string is returned as it is."""
     if not isinstance(text, str):
         return text
-    return _TOKEN.sub(r"\1***@", _PASSWORD.sub(r"\1:***@", text))
+    return cast(_T, _TOKEN.sub(r"\1***@", _PASSWORD.sub(r"\1:***@", text)))

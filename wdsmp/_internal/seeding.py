@@ -3,11 +3,12 @@
 
 import hashlib
 import struct
+from typing import Any
 
 __all__ = ["SampleDraws", "make_seed"]
 
 
-def _encode(arg):
+def _encode(arg: Any) -> bytes:
     """Bytes that name ``arg`` and its type, the same in every process."""
     if arg is None:
         return b"n"
@@ -26,12 +27,12 @@ def _encode(arg):
     raise TypeError(f"make_seed: cannot hash {type(arg).__name__} values deterministically")
 
 
-def _frame(arg):
+def _frame(arg: Any) -> bytes:
     data = _encode(arg)
     return struct.pack("<Q", len(data)) + data
 
 
-def make_seed(*args):
+def make_seed(*args: Any) -> int:
     """A 31-bit seed from ints, strings, bytes, floats (and tuples of them).
 
     Unlike webdataset's, it never uses ``hash()``: string hashes are salted
@@ -45,7 +46,7 @@ _MASK = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 
 
-def _mix64(z):
+def _mix64(z: int) -> int:
     """SplitMix64's finaliser: a bijection of 64-bit ints that spreads every input bit."""
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
@@ -61,9 +62,9 @@ class SampleDraws:
 
     __slots__ = ("_state",)
 
-    def __init__(self, seed, number):
+    def __init__(self, seed: int, number: int) -> None:
         self._state = _mix64(_mix64(seed & _MASK) ^ (number & _MASK))
 
-    def random(self):
+    def random(self) -> float:
         self._state = (self._state + _GOLDEN) & _MASK
         return (_mix64(self._state) >> 11) * (1.0 / (1 << 53))

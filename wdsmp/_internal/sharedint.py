@@ -15,6 +15,7 @@ allows shared memory to cross only into a process being started.
 
 import multiprocessing
 import multiprocessing.context
+from typing import Any, Dict
 
 __all__ = ["SharedInt"]
 
@@ -22,24 +23,24 @@ __all__ = ["SharedInt"]
 class SharedInt:
     """An int whose assignments reach the processes started after it was made."""
 
-    def __init__(self, value=0):
+    def __init__(self, value: int = 0) -> None:
         self._cell = multiprocessing.RawValue("q", value)
 
     @property
-    def value(self):
+    def value(self) -> int:
         return self._cell.value
 
     @value.setter
-    def value(self, value):
+    def value(self, value: int) -> None:
         self._cell.value = value
 
-    def __getstate__(self):
+    def __getstate__(self) -> Dict[str, Any]:
         if multiprocessing.context.get_spawning_popen() is not None:  # a worker being started
             return {"cell": self._cell}
         return {"value": self._cell.value}
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: Dict[str, Any]) -> None:
         self._cell = state["cell"] if "cell" in state else multiprocessing.RawValue("q", state["value"])
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"SharedInt({self.value})"

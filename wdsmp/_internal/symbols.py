@@ -2,11 +2,12 @@
 
 import importlib
 import re
+from typing import Any, Iterable
 
 __all__ = ["lookup_sym", "safe_eval"]
 
 
-def lookup_sym(sym, modules):
+def lookup_sym(sym: str, modules: Iterable[str]) -> Any:
     """Attribute ``sym`` of the first module in ``modules`` that has it (not None), else None.
 
     Relative module names (``".filters"``) are taken inside wdsmp, as
@@ -25,7 +26,7 @@ _SAFE_BUILTINS = {f.__name__: f for f in (abs, bool, complex, dict, float, froze
                                            max, min, round, set, str, tuple)}
 
 
-def safe_eval(s, expr="{}"):
+def safe_eval(s: str, expr: str = "{}") -> Any:
     """Evaluate ``expr`` with ``s`` put in its ``{}``, where ``s`` may come from data.
 
     ``s`` must be letters, digits and underscores (else ValueError), so it can

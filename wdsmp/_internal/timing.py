@@ -27,8 +27,11 @@ import multiprocessing
 import os
 from multiprocessing.context import get_spawning_popen
 from time import perf_counter_ns
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, TypeVar
 
 __all__ = ["FLUSH_NS", "ReadClock", "StageClock", "stage_name"]
+
+_T = TypeVar("_T")
 
 FLUSH_NS = 500_000_000  # a process adds its stage figures to the shared ones at least this often
 
@@ -36,35 +39,35 @@ FLUSH_NS = 500_000_000  # a process adds its stage figures to the shared ones at
 class _TimedReader(io.RawIOBase):
     """``stream``, with the time spent in its read calls added to ``clock.ns``."""
 
-    def __init__(self, stream, clock):
+    def __init__(self, stream: Any, clock: "ReadClock") -> None:
         super().__init__()
         self.stream, self.clock = stream, clock
 
-    def readable(self):
+    def readable(self) -> bool:
         return True
 
-    def _timed(self, method, argument):
+    def _timed(self, method: Callable[[Any], _T], argument: Any) -> _T:
         start = perf_counter_ns()
         try:
             return method(argument)
         finally:
             self.clock.ns += perf_counter_ns() - start
 
-    def readinto(self, buffer):
+    def readinto(self, buffer: Any) -> Optional[int]:
         return self._timed(self.stream.readinto, buffer)
 
-    def readinto1(self, buffer):
+    def readinto1(self, buffer: Any) -> Optional[int]:
         return self._timed(getattr(self.stream, "readinto1", self.stream.readinto), buffer)
 
-    def read(self, size=-1):
+    def read(self, size: int = -1) -> Optional[bytes]:
         return self._timed(self.stream.read, size)
 
-    def peek(self, size=0):
+    def peek(self, size: int = 0) -> bytes:
         """The stream's ``peek``; nothing where it has none (readers then read and put back)."""
         peek = getattr(self.stream, "peek", None)
         return self._timed(peek, size) if peek is not None else b""
 
-    def close(self):
+    def close(self) -> None:
         if not self.closed:
             try:
                 self.stream.close()  # a pipe's exit status raises here
@@ -78,13 +81,13 @@ class ReadClock:
 
     __slots__ = ("ns", "shards", "cache_hits", "cache_misses")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.ns = self.shards = self.cache_hits = self.cache_misses = 0
 
-    def timed_opener(self, open_url):
+    def timed_opener(self, open_url: Callable[..., Any]) -> Callable[..., "_TimedReader"]:
         """``open_url(url, **kw)`` with the opening and every later read of the stream timed."""
 
-        def opened(url, **kw):
+        def opened(url: str, **kw: Any) -> _TimedReader:
             start = perf_counter_ns()
             try:
                 stream = open_url(url, **kw)
@@ -95,7 +98,7 @@ class ReadClock:
 
         return opened
 
-    def cache_fetch(self, fetch, url, cached):
+    def cache_fetch(self, fetch: Callable[[str], _T], url: str, cached: bool) -> _T:
         """``fetch(url)`` (the shard made whole in the cache), timed, counted as a hit when
         ``cached`` (it was there already) and a miss otherwise."""
         start = perf_counter_ns()
@@ -109,13 +112,13 @@ class ReadClock:
                 self.cache_misses += 1
 
 
-def _shared_ints(count):
+def _shared_ints(count: int) -> Any:
     """``count`` int64 in shared memory, with a lock. Made in the spawn context: a lock made in
     the fork context cannot go to a spawned process, this one goes to forked ones too."""
     return multiprocessing.get_context("spawn").Array("q", count)
 
 
-def stage_name(stage):
+def stage_name(stage: object) -> str:
     """A pipeline stage's name for people: the function a curried stage runs, a function's
     name, else the type's."""
     function = getattr(stage, "f", None)  # wdsmp's curried stages (_stages.Curried)
@@ -127,29 +130,29 @@ class StageClock:
     """Time inside each stage's ``next()`` and items out of each, for a pipeline of the stages
     ``names``, summed over processes; NOTE [stage clock]."""
 
-    def __init__(self, names):
+    def __init__(self, names: Iterable[str]) -> None:
         self.names = tuple(names)
         self._shared = _shared_ints(2 * len(self.names))  # ns, then items, per stage
         self._reset_local()
 
-    def _reset_local(self):
+    def _reset_local(self) -> None:
         self._local = [0] * (2 * len(self.names))
         self._pid = os.getpid()
         self._flushed = perf_counter_ns()
 
-    def __getstate__(self):
+    def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         if get_spawning_popen() is None:  # not a process being started
             state["_shared"] = None
         return state
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         if self._shared is None:
             self._shared = _shared_ints(2 * len(self.names))
         self._reset_local()
 
-    def timed(self, iterator, stage):
+    def timed(self, iterator: Iterator[_T], stage: int) -> Iterator[_T]:
         """``iterator`` (the output of stage number ``stage``), its ``next()`` calls timed."""
         self.flush()  # in a forked copy, this drops what the parent had not added yet: the parent's
         local, items = self._local, len(self.names) + stage
@@ -173,7 +176,7 @@ class StageClock:
                 close()
             self.flush()
 
-    def flush(self):
+    def flush(self) -> None:
         """Add this process's figures to the shared ones."""
         if self._pid != os.getpid():
             self._reset_local()
@@ -185,14 +188,15 @@ class StageClock:
                     local[i] = 0
         self._flushed = perf_counter_ns()
 
-    def figures(self):
+    def figures(self) -> List[Dict[str, Any]]:
         """``[{"stage", "seconds", "items"}, ...]``: each stage's own time (its ``next()`` less
         its upstream neighbour's) and the items it yielded, over every process so far."""
         self.flush()
         with self._shared.get_lock():
             totals = list(self._shared)
         count = len(self.names)
-        result, upstream = [], 0
+        result: List[Dict[str, Any]] = []
+        upstream = 0
         for i, name in enumerate(self.names):
             inclusive = totals[i]
             result.append({"stage": name, "seconds": max(inclusive - upstream, 0) / 1e9, "items": totals[count + i]})

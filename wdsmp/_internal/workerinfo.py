@@ -6,7 +6,7 @@ samplers all ask it, so they always agree.
 """
 
 import sys
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 from . import env
 
@@ -18,7 +18,7 @@ __all__ = ["pytorch_worker_info", "pytorch_worker_seed"]
 # of its callers (a loader under construction among them) alive for the life of the process.
 
 
-def _distributed_rank_world(group):
+def _distributed_rank_world(group: Any) -> Optional[Tuple[int, int]]:
     """(rank, world_size) from torch.distributed when it is initialised, else None."""
     dist = sys.modules.get("torch.distributed")
     if dist is None or not (dist.is_available() and dist.is_initialized()):
@@ -26,7 +26,7 @@ def _distributed_rank_world(group):
     return dist.get_rank(group=group), dist.get_world_size(group=group)
 
 
-def _dataloader_worker():
+def _dataloader_worker() -> Optional[Tuple[int, int]]:
     """(worker, num_workers) inside a DataLoader worker process, else None."""
     data = sys.modules.get("torch.utils.data")
     info = None if data is None else data.get_worker_info()

@@ -20,6 +20,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from typing import Dict, Optional
 
 __all__ = ["SCRIPT", "STEP", "first_batches"]
 
@@ -76,7 +77,8 @@ if __name__ == "__main__":
 """
 
 
-def first_batches(index, batch_size, workers, image_size, *, tree=None, start_method="spawn", timeout=600):
+def first_batches(index: str, batch_size: int, workers: int, image_size: int, *, tree: Optional[str] = None,
+                  start_method: str = "spawn", timeout: float = 600) -> Dict[str, float]:
     """``{"construction", "first batch", "first batch, CPU", "first batch, then the second after one step",
     "new epoch", "new epoch after training steps",
     "new epoch after training steps, its second batch": seconds}``

@@ -63,6 +63,7 @@ FastLoader note names its bottleneck (``loader.stats["bottleneck"]``).
 ``plot.draw`` turns the best rounds into a picture.
 """
 
+import argparse
 import functools
 import json
 import math
@@ -73,7 +74,9 @@ import statistics
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Optional
+from types import ModuleType
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, TextIO, Tuple, TypeVar,
+                    cast)
 
 import numpy as np
 import psutil
@@ -87,6 +90,9 @@ from .. import (DataPipeline, FastLoader, SimpleShardList, batched, decode, map_
                tarfile_to_samples, to_tuple)
 from ..native import core as native
 from .coldstart import first_batches
+
+_T = TypeVar("_T")
+_L = TypeVar("_L", bound=Iterable[Any])  # a loader: batches of (images, labels)
 
 __all__ = ["BASELINE", "CONTENDERS", "CROP_SIZE", "FRESH", "STAGE_GROUPS", "SWAP_CONTENDERS", "Corpus", "Result",
            "as_json", "best", "contenders", "fastloader_stages", "header", "machine", "measure_loader", "open_corpus",
@@ -112,13 +118,13 @@ class Corpus:
     """A corpus written by ``make_corpus.py``: its directory, shard urls and index."""
 
     directory: str
-    urls: list
-    index: dict
+    urls: List[str]
+    index: Dict[str, Any]
 
     FIELDS = ("samples", "jpg", "ppm", "mean_bytes", "mean_width", "mean_height", "command")  # what describe() says
 
     @classmethod
-    def load(cls, directory):
+    def load(cls, directory: str) -> "Corpus":
         """The corpus in ``directory``; ValueError when its ``index.json`` is not a corpus
         description (a manifest from ``wdsmp index`` lists shards, but not the images)."""
         with open(os.path.join(directory, "index.json")) as stream:
@@ -135,14 +141,14 @@ class Corpus:
             raise ValueError("'shards' is not a list of {\"url\": ...} entries")
         return cls(directory, [os.path.join(directory, s["url"]) for s in shards], index)
 
-    def describe(self):
+    def describe(self) -> str:
         i = self.index
         return (f"{i['samples']} images ({i['jpg']} .jpg, {i['ppm']} .ppm) in {len(self.urls)} shards, "
                 f"mean {i['mean_bytes'] / 1e3:.1f} KB and {i['mean_width']}x{i['mean_height']} px "
                 f"(`{i['command']}`)")
 
 
-def open_corpus(directory, workers):
+def open_corpus(directory: str, workers: int) -> Corpus:
     """The corpus in ``directory``, checked before any measuring starts: ValueError if it is not
     one, or has fewer shards than ``workers`` (a worker without a shard would measure nothing)."""
     try:
@@ -159,7 +165,7 @@ def open_corpus(directory, workers):
 class Result:
     """One contender's figures; None where they do not apply."""
 
-    images_per_s: float
+    images_per_s: Optional[float]
     first_batch_s: Optional[float] = None
     new_epoch_s: Optional[float] = None  # median seconds from a new iter() to its first batch, over the window's epochs
     cpu_cores: Optional[float] = None
@@ -168,19 +174,21 @@ class Result:
     pss_growth: Optional[int] = None
     images: Optional[int] = None
     note: Optional[str] = None
-    series: Optional[list] = None  # [(seconds since the loader was made, images delivered so far)], batch by batch
-    stages: Optional[dict] = None  # {STAGE_GROUPS name or "other": worker milliseconds per image}
+    # [(seconds since the loader was made, images delivered so far)], batch by batch
+    series: Optional[List[Tuple[float, int]]] = None
+    stages: Optional[Dict[str, float]] = None  # {STAGE_GROUPS name or "other": worker milliseconds per image}
 
 
 class RandomResizedCropFlip:
     """torchvision's ``RandomResizedCrop(size)`` (area 8-100%, aspect 3/4-4/3, bilinear)
     then a horizontal flip half of the time, in PIL: PIL image -> (size, size, 3) uint8 array."""
 
-    def __init__(self, size, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    def __init__(self, size: int, scale: Tuple[float, float] = (0.08, 1.0),
+                 ratio: Tuple[float, float] = (3 / 4, 4 / 3)) -> None:
         self.size, self.scale = size, scale
         self.log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
 
-    def box(self, width, height):
+    def box(self, width: int, height: int) -> Tuple[int, int, int, int]:
         """torchvision's ``RandomResizedCrop.get_params``, as a PIL box."""
         area = width * height
         for _ in range(10):
@@ -201,10 +209,10 @@ class RandomResizedCropFlip:
         x, y = (width - w) // 2, (height - h) // 2
         return x, y, x + w, y + h
 
-    def __call__(self, image):
-        image = image.resize((self.size, self.size), Image.BILINEAR, box=self.box(*image.size))
+    def __call__(self, image: Image.Image) -> np.ndarray:
+        image = image.resize((self.size, self.size), Image.Resampling.BILINEAR, box=self.box(*image.size))
         if random.random() < 0.5:
-            image = image.transpose(Image.FLIP_LEFT_RIGHT)
+            image = image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return np.asarray(image)
 
 
@@ -212,7 +220,7 @@ class CropFlipToTensor(RandomResizedCropFlip):
     """torchvision's ``RandomResizedCrop(size)``, ``RandomHorizontalFlip()`` and ``ToTensor()``:
     PIL image -> (3, size, size) float32 tensor in [0, 1]."""
 
-    def __call__(self, image):
+    def __call__(self, image: Image.Image) -> torch.Tensor:  # type: ignore[override]  # a tensor, not an array
         pixels = torch.from_numpy(np.array(super().__call__(image)))
         return pixels.permute(2, 0, 1).contiguous().float().div_(255)
 
@@ -220,17 +228,17 @@ class CropFlipToTensor(RandomResizedCropFlip):
 class ProcessTree:
     """CPU time and peak PSS of this process and its descendants; PSS sampled by a thread."""
 
-    def __init__(self, interval=0.25):
+    def __init__(self, interval: float = 0.25) -> None:
         self.root = psutil.Process()
         self.interval = interval
         self.peak_pss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, name="pss-sampler", daemon=True)
 
-    def processes(self):
+    def processes(self) -> List[psutil.Process]:
         return [self.root, *self.root.children(recursive=True)]
 
-    def pss(self):
+    def pss(self) -> int:
         total = 0
         for process in self.processes():
             try:
@@ -239,7 +247,7 @@ class ProcessTree:
                 pass
         return total
 
-    def cpu_seconds(self):
+    def cpu_seconds(self) -> Dict[Tuple[int, float], float]:
         """{(pid, create time): user + system seconds} of the processes alive now."""
         seconds = {}
         for process in self.processes():
@@ -251,29 +259,29 @@ class ProcessTree:
                 pass
         return seconds
 
-    def _sample(self):
+    def _sample(self) -> None:
         while True:
             self.peak_pss = max(self.peak_pss, self.pss())
             if self._stop.wait(self.interval):
                 return
 
-    def __enter__(self):
+    def __enter__(self) -> "ProcessTree":
         self._thread.start()
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         self._stop.set()
         self._thread.join()
         self.peak_pss = max(self.peak_pss, self.pss())
 
 
-def machine_busy_seconds():
+def machine_busy_seconds() -> float:
     """CPU seconds the whole machine has been busy, all cores, hypervisor steal included."""
     t = psutil.cpu_times()
     return t.user + t.nice + t.system + t.irq + t.softirq + t.steal
 
 
-def _endless(iterable, epoch_starts=None):
+def _endless(iterable: Iterable[_T], epoch_starts: Optional[List[float]] = None) -> Iterator[_T]:
     """Epoch after epoch: a new ``iter()`` each time one ends; the seconds from each ``iter()``
     to its first item appended to ``epoch_starts``."""
     while True:
@@ -284,7 +292,7 @@ def _endless(iterable, epoch_starts=None):
             yield item
 
 
-def grouped(milliseconds):
+def grouped(milliseconds: Mapping[str, float]) -> Dict[str, float]:
     """``{stage: ms per image}`` summed into ``STAGE_GROUPS`` (the rest as "other")."""
     groups = dict.fromkeys([*STAGE_GROUPS, "other"], 0.0)
     for stage, value in milliseconds.items():
@@ -293,14 +301,15 @@ def grouped(milliseconds):
     return groups
 
 
-def measure_loader(make_loader, args, stages=None):
+def measure_loader(make_loader: Callable[[], _L], args: argparse.Namespace,
+                   stages: Optional[Callable[[_L], Dict[str, float]]] = None) -> Result:
     """Run the loader ``make_loader()`` returns (batches of (images, labels)): images per second
     after warm-up, first-batch latency, CPU cores busy, peak PSS, when each batch came, and
     ``stages(loader)`` (``Result.stages``) at the end."""
     with ProcessTree() as tree:
         start = time.perf_counter()
         loader = make_loader()
-        epoch_starts = []
+        epoch_starts: List[float] = []
         batches = _endless(loader, epoch_starts)
         delivered = len(next(batches)[0])
         first_batch = time.perf_counter() - start
@@ -328,7 +337,7 @@ def measure_loader(make_loader, args, stages=None):
                   images, series=series, stages=per_image, note=note and f"FastLoader: {note}")
 
 
-def make_dataloader(corpus, args):
+def make_dataloader(corpus: Corpus, args: argparse.Namespace) -> "torch.utils.data.DataLoader[Any]":
     """The pipeline users run today, in a torch DataLoader."""
     dataset = DataPipeline(
         SimpleShardList(corpus.urls),
@@ -343,19 +352,20 @@ def make_dataloader(corpus, args):
                                        persistent_workers=True)
 
 
-def pipeline_stages(loader):
+def pipeline_stages(loader: "torch.utils.data.DataLoader[Any]") -> Dict[str, float]:
     """The DataLoader's workers' milliseconds per image, by ``STAGE_GROUPS``."""
-    figures = loader.dataset.stage_times()
+    figures = cast(DataPipeline, loader.dataset).stage_times()
     images = next(f["items"] for f in figures if f["stage"] == "to_tuple")
     return grouped({f["stage"]: f["seconds"] * 1e3 / max(images, 1) for f in figures})
 
 
-def dataloader_pipeline(corpus, args):
+def dataloader_pipeline(corpus: Corpus, args: argparse.Namespace) -> Result:
     """The baseline: ``make_dataloader`` measured."""
     return measure_loader(lambda: make_dataloader(corpus, args), args, pipeline_stages)
 
 
-def user_webdataset_loader(wds, corpus, args):
+def user_webdataset_loader(wds: ModuleType, corpus: Corpus,
+                           args: argparse.Namespace) -> "torch.utils.data.DataLoader[Any]":
     """The WebDataset pipeline a user writes, with ``wds`` the library it was imported as."""
     dataset = (wds.WebDataset(corpus.urls, shardshuffle=100).shuffle(1000).decode("pil")
                .to_tuple("jpg;ppm", "cls").map_tuple(CropFlipToTensor(CROP_SIZE), int).batched(args.batch_size))
@@ -363,7 +373,7 @@ def user_webdataset_loader(wds, corpus, args):
                                        persistent_workers=True)
 
 
-def webdataset_swapped_out(corpus, args):
+def webdataset_swapped_out(corpus: Corpus, args: argparse.Namespace) -> Result:
     """The user's pipeline with ``import webdataset as wds``; a note when it is not installed."""
     try:
         import webdataset
@@ -372,12 +382,12 @@ def webdataset_swapped_out(corpus, args):
     return measure_loader(lambda: user_webdataset_loader(webdataset, corpus, args), args)
 
 
-def wdsmp_swapped_in(corpus, args):
+def wdsmp_swapped_in(corpus: Corpus, args: argparse.Namespace) -> Result:
     """The same pipeline with ``import wdsmp as wds``."""
     return measure_loader(lambda: user_webdataset_loader(wdsmp, corpus, args), args)
 
 
-def _decode_ppm(data):
+def _decode_ppm(data: bytes) -> np.ndarray:
     """Binary 8-bit RGB PPM (as make_corpus writes it) -> (H, W, 3) uint8, copied."""
     magic, width, height, maxval = data[:32].split(maxsplit=4)[:4]
     if magic != b"P6" or maxval != b"255":
@@ -387,7 +397,7 @@ def _decode_ppm(data):
     return np.frombuffer(data, np.uint8, size, len(data) - size).reshape(shape).copy()
 
 
-def decode_ceiling(corpus, args):
+def decode_ceiling(corpus: Corpus, args: argparse.Namespace) -> Result:
     """One core's decode rate over the corpus (its first images excluded), times the workers."""
     samples = _endless(DataPipeline(SimpleShardList(corpus.urls), tarfile_to_samples()))
     seconds, images, jpeg_bytes, jpegs = 0.0, 0, 0, 0
@@ -420,20 +430,20 @@ def decode_ceiling(corpus, args):
     return Result(rate * args.workers, other_cores=other / window, note=note, stages={"decode": 1e3 / rate})
 
 
-def fastloader_stages(loader):
+def fastloader_stages(loader: FastLoader) -> Dict[str, float]:
     """FastLoader's workers' milliseconds per image, by ``STAGE_GROUPS`` (waiting for slots left out)."""
     stages = loader.stats["stages"]
     return grouped({name: stage["ms_per_image"] for name, stage in stages.items() if name != "slot_wait"})
 
 
-def fastloader(corpus, args):
+def fastloader(corpus: Corpus, args: argparse.Namespace) -> Result:
     """wdsmp's FastLoader on the same shards, with the sample counts of the corpus's index."""
     index = os.path.join(corpus.directory, "index.json")
     return measure_loader(lambda: FastLoader(index, args.batch_size, num_workers=args.workers,
                                              image_size=CROP_SIZE), args, fastloader_stages)
 
 
-def fastloader_fresh_process(corpus, args, start_method="spawn"):
+def fastloader_fresh_process(corpus: Corpus, args: argparse.Namespace, start_method: str = "spawn") -> Result:
     """FastLoader's first batches in a fresh interpreter that imports torch and wdsmp first
     (``wdsmp.bench.coldstart``), its workers started by ``start_method``: no rate, the latencies a
     restarted job meets."""
@@ -442,8 +452,10 @@ def fastloader_fresh_process(corpus, args, start_method="spawn"):
     return Result(None, figures["first batch"], figures["new epoch"])
 
 
+Contender = Callable[[Corpus, argparse.Namespace], Result]
+
 # Name -> function(corpus, args) -> Result, in the order they run; BASELINE first.
-CONTENDERS = {
+CONTENDERS: Dict[str, Contender] = {
     BASELINE: dataloader_pipeline,
     "FastLoader": fastloader,
     FRESH: fastloader_fresh_process,
@@ -452,24 +464,24 @@ CONTENDERS = {
 }
 
 # With --swap-import: the user's WebDataset pipeline, with either library imported as wds.
-SWAP_CONTENDERS = {
+SWAP_CONTENDERS: Dict[str, Contender] = {
     "WebDataset pipeline, import webdataset": webdataset_swapped_out,
     "WebDataset pipeline, import wdsmp": wdsmp_swapped_in,
 }
 
 
-def contenders(args):
+def contenders(args: argparse.Namespace) -> Dict[str, Contender]:
     """The contenders ``args`` asks for, in the order they run."""
     return {**CONTENDERS, **(SWAP_CONTENDERS if getattr(args, "swap_import", False) else {})}
 
 
-def _cell(value, fmt):
+def _cell(value: object, fmt: str) -> str:
     return "-" if value is None else fmt.format(value)
 
 
-def table(results, corpus_size):
+def table(results: Mapping[str, Result], corpus_size: int) -> str:
     """Markdown table of ``{name: Result}``, each rate beside the baseline's."""
-    base = results[BASELINE].images_per_s
+    base = cast(float, results[BASELINE].images_per_s)  # the baseline is measured: it has a rate
     lines = ["| contender | images/s | vs DataLoader | first batch (s) | new epoch (s) | CPU (cores) "
              "| images/CPU-s | peak PSS (MB) | PSS growth (MB) over epochs | other load (cores) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -480,7 +492,7 @@ def table(results, corpus_size):
             continue
         per_cpu = r.images_per_s / r.cpu_cores if r.cpu_cores else None
         pss = r.peak_pss / 2**20 if r.peak_pss is not None else None
-        growth = (f"{r.pss_growth / 2**20:+,.0f} over {r.images / corpus_size:.1f}"
+        growth = (f"{r.pss_growth / 2**20:+,.0f} over {cast(int, r.images) / corpus_size:.1f}"
                   if r.pss_growth is not None else None)
         lines.append(f"| {name} | {r.images_per_s:,.0f} | {r.images_per_s / base:.2f}x | "
                      f"{_cell(r.first_batch_s, '{:.2f}')} | {_cell(r.new_epoch_s, '{:.2f}')} | "
@@ -490,7 +502,7 @@ def table(results, corpus_size):
     return "\n".join(lines)
 
 
-def machine():
+def machine() -> str:
     """The machine in one line: cores, CPU model and the versions that move the figures."""
     model = platform.processor() or "unknown CPU"
     try:
@@ -502,7 +514,7 @@ def machine():
             f"simplejpeg {simplejpeg.__version__}, Pillow {Image.__version__}")
 
 
-def region_decoding():
+def region_decoding() -> str:
     """Whether FastLoader decodes only the region of a JPEG its crop needs, in words."""
     if native.jpeg_region_available():
         return "on (FastLoader decodes only the part of each JPEG its crop needs)"
@@ -510,13 +522,13 @@ def region_decoding():
             "README.md how to build it)")
 
 
-def header(command, corpus):
+def header(command: str, corpus: Corpus) -> str:
     """What a run is: the command, the corpus, the machine and region decoding, as ``#`` lines."""
     return (f"# {command}\n# corpus: {corpus.describe()}\n# machine: {machine()}\n"
             f"# region decoding: {region_decoding()}")
 
 
-def run(corpus, args, log=None):
+def run(corpus: Corpus, args: argparse.Namespace, log: Optional[TextIO] = None) -> Dict[str, List[Result]]:
     """Measure every contender ``args.rounds`` times, interleaved: ``{name: [Result per round]}``.
 
     ``args`` carries ``workers``, ``batch_size``, ``seconds``, ``warmup`` and ``rounds``; each
@@ -527,7 +539,7 @@ def run(corpus, args, log=None):
             while stream.read(1 << 24):
                 pass
     chosen = contenders(args)
-    rounds = {name: [] for name in chosen}
+    rounds: Dict[str, List[Result]] = {name: [] for name in chosen}
     for round_ in range(1, args.rounds + 1):
         for name, contender in chosen.items():
             result = contender(corpus, args)
@@ -538,22 +550,22 @@ def run(corpus, args, log=None):
     return rounds
 
 
-def best(rounds):
+def best(rounds: Mapping[str, Sequence[Result]]) -> Dict[str, Result]:
     """Each contender's best round: the fastest, or for a row without a rate the quickest first batch."""
     return {name: max(results, key=lambda r: r.images_per_s or -(r.first_batch_s or 0.0))
             for name, results in rounds.items()}
 
 
-def _swap_note(results):
+def _swap_note(results: Mapping[str, Result]) -> List[str]:
     """The swapped import's rate against webdataset's, when both ran."""
     theirs, ours = (results.get(name) for name in SWAP_CONTENDERS)
     if theirs is None or ours is None or not theirs.images_per_s:
         return []
-    return [f"- import swapped: wdsmp delivers {ours.images_per_s / theirs.images_per_s:.2f}x the images/s of "
-            f"webdataset {_webdataset_version()} running the same user code"]
+    return [f"- import swapped: wdsmp delivers {cast(float, ours.images_per_s) / theirs.images_per_s:.2f}x "
+            f"the images/s of webdataset {_webdataset_version()} running the same user code"]
 
 
-def _webdataset_version():
+def _webdataset_version() -> str:
     try:
         from importlib.metadata import version
 
@@ -562,7 +574,7 @@ def _webdataset_version():
         return "(version unknown)"
 
 
-def summary(rounds, corpus):
+def summary(rounds: Mapping[str, Sequence[Result]], corpus: Corpus) -> str:
     """The table of the best rounds, with the notes and every round's rate below it (Markdown)."""
     results = best(rounds)
     notes = [f"- {r.note}" for r in results.values() if r.note] + _swap_note(results)
@@ -572,7 +584,7 @@ def summary(rounds, corpus):
     return table(results, corpus.index["samples"]) + "\n\n" + "\n".join(notes)
 
 
-def picture(rounds, corpus, args):
+def picture(rounds: Mapping[str, Sequence[Result]], corpus: Corpus, args: argparse.Namespace) -> str:
     """Draw the best rounds (``plot.draw``) to ``args.plot``; a ``#`` line saying where,
     or why there is no picture (matplotlib missing)."""
     from . import plot
@@ -588,7 +600,7 @@ def picture(rounds, corpus, args):
     return f"# picture: {args.plot}"
 
 
-def as_json(rounds):
+def as_json(rounds: Mapping[str, Sequence[Result]]) -> Dict[str, Dict[str, Any]]:
     """``{name: {best round's figures..., "rounds": [images/s of each round]}}``, without the
     batch-by-batch series."""
     return {name: dict(asdict(result), series=None, rounds=[r.images_per_s for r in rounds[name]])

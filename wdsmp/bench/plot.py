@@ -6,13 +6,17 @@ it is missing, and the benchmark goes on without the picture.
 """
 
 import bisect
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple, cast
+
+if TYPE_CHECKING:
+    from .loader import Result
 
 __all__ = ["draw", "rates"]
 
 _WINDOW_S = 3.0  # the rate at a batch counts the images that came in the seconds before it
 
 
-def rates(series, window=_WINDOW_S):
+def rates(series: Sequence[Tuple[float, int]], window: float = _WINDOW_S) -> Tuple[List[float], List[float]]:
     """``(times, images/s)``: at 0 s and at each batch of ``series`` (``[(seconds since the loader
     was made, images so far)]``), the images that came in the last ``window`` seconds, over
     ``window`` (over the time since 0 s, before ``window`` seconds have passed)."""
@@ -31,7 +35,7 @@ def rates(series, window=_WINDOW_S):
 STAGE_ORDER = ("read shards", "decode", "crop, resize, flip", "batch", "other")
 
 
-def draw(results, path, title, note=None):
+def draw(results: Mapping[str, "Result"], path: str, title: str, note: Optional[str] = None) -> None:
     """Write the picture of ``results`` (``{contender: Result}``, the best rounds) to ``path``,
     with ``note`` under it; ImportError (with what to install) when matplotlib is missing."""
     try:
@@ -58,13 +62,13 @@ def draw(results, path, title, note=None):
     # Below the axes: inside, the legend would hide the curves' last seconds.
     over_time.legend(fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     names = [name for name, result in measured.items() if result.stages]
-    stages = list(dict.fromkeys(stage for name in names for stage in results[name].stages))
+    stages = list(dict.fromkeys(stage for name in names for stage in cast(Dict[str, float], results[name].stages)))
     stages.sort(key=lambda stage: STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER))
-    palette = plt.get_cmap("Set2").colors
+    palette: Sequence[Tuple[float, float, float]] = plt.get_cmap("Set2").colors  # type: ignore[attr-defined]
     left = [0.0] * len(names)
     for stage in stages:
         colour = palette[(STAGE_ORDER.index(stage) if stage in STAGE_ORDER else len(STAGE_ORDER)) % len(palette)]
-        widths = [results[name].stages.get(stage, 0.0) for name in names]
+        widths = [cast(Dict[str, float], results[name].stages).get(stage, 0.0) for name in names]
         by_stage.barh(names, widths, left=left, label=stage, color=colour)
         left = [a + b for a, b in zip(left, widths)]
     by_stage.invert_yaxis()

@@ -12,10 +12,12 @@ The image and label fields are found in the first sample (the first of FastLoade
 extensions present; ``cls`` as the label if present, else no label) unless given.
 """
 
+import argparse
 import math
 import os
+from typing import Dict, List, Optional, Sequence, TextIO, Tuple, Union, cast
 
-from .loader import CROP_SIZE, fastloader_stages, measure_loader
+from .loader import CROP_SIZE, Result, fastloader_stages, measure_loader
 from ..fast.loader import FastLoader
 from ..fast.options import IMAGE_KEYS, default_workers
 from ..tariterators import tarfile_samples
@@ -24,8 +26,10 @@ __all__ = ["BUSY_MACHINE", "busy_counts", "cores_for", "find_fields", "report", 
 
 BUSY_MACHINE = 0.5  # cores of other load during a window above which its figures are unreliable
 
+Row = Tuple[int, Union[Result, Exception]]  # a worker count and its measurement, or the error it raised
 
-def worker_counts(most):
+
+def worker_counts(most: int) -> List[int]:
     """1, 2, 4, ... below ``most``, then ``most``."""
     counts, count = [], 1
     while count < most:
@@ -34,7 +38,7 @@ def worker_counts(most):
     return counts + [most]
 
 
-def find_fields(urls):
+def find_fields(urls: Sequence[str]) -> Tuple[str, Optional[str]]:
     """``(image extension, label extension or None)`` from the first sample of ``urls``;
     ValueError when it has no image FastLoader reads."""
     for sample in tarfile_samples([{"url": urls[0]}]):
@@ -47,15 +51,16 @@ def find_fields(urls):
     raise ValueError(f"{urls[0]} holds no samples")
 
 
-def scaling(urls, args, log=None):
+def scaling(urls: Union[str, List[str]], args: argparse.Namespace, log: Optional[TextIO] = None) -> List[Row]:
     """``[(workers, benchmark.Result or the error it raised)]`` for each of
     ``worker_counts(args.max_workers)``, FastLoader reading ``urls`` (a list, or a shard index)
     with ``args.image``/``args.label``; a line per count on ``log``."""
     rows = []
     for workers in worker_counts(args.max_workers or default_workers()):
-        def make(workers=workers):
+        def make(workers: int = workers) -> FastLoader:
             return FastLoader(urls, args.batch_size, num_workers=workers, image_size=CROP_SIZE,
                               image_keys=(args.image,), label=args.label, exact=False)
+        result: Union[Result, Exception]
         try:
             result = measure_loader(make, args, fastloader_stages)
         except Exception as exn:  # noqa: BLE001 - reported in its row; the other counts still run
@@ -66,31 +71,31 @@ def scaling(urls, args, log=None):
     return rows
 
 
-def _row(workers, result):
+def _row(workers: int, result: Union[Result, Exception]) -> str:
     if isinstance(result, Exception):
         return f"{workers:>3} worker{'s' * (workers > 1)}: failed: {type(result).__name__}: {result}"
     return (f"{workers:>3} worker{'s' * (workers > 1)}: {result.images_per_s:8,.0f} images/s, "
-            f"{result.images_per_s / workers:6,.0f} per "
+            f"{cast(float, result.images_per_s) / workers:6,.0f} per "
             f"worker, {result.cpu_cores:.1f} cores busy, other load {result.other_cores:.1f} cores")
 
 
-def cores_for(rate, rows):
+def cores_for(rate: float, rows: Sequence[Row]) -> Optional[int]:
     """The workers (one core each) that ``rate`` images/s needs, at the per-worker rate of the
     largest worker count measured; None without a measurement."""
     measured = [(workers, result) for workers, result in rows if not isinstance(result, Exception)]
-    if not measured or measured[-1][1].images_per_s <= 0:
+    if not measured or cast(float, measured[-1][1].images_per_s) <= 0:
         return None
     workers, result = measured[-1]
-    return math.ceil(rate * workers / result.images_per_s)
+    return math.ceil(rate * workers / cast(float, result.images_per_s))
 
 
-def busy_counts(rows):
+def busy_counts(rows: Sequence[Row]) -> List[int]:
     """The worker counts whose window other processes loaded by more than ``BUSY_MACHINE`` cores."""
     return [workers for workers, result in rows
-            if not isinstance(result, Exception) and result.other_cores > BUSY_MACHINE]
+            if not isinstance(result, Exception) and cast(float, result.other_cores) > BUSY_MACHINE]
 
 
-def report(rows, rate):
+def report(rows: Sequence[Row], rate: float) -> str:
     """The scaling table, the largest count's stages and bottleneck, the cores ``rate`` needs,
     and a warning where other load made windows unreliable: text for the terminal."""
     lines = ["| workers | images/s | per worker | cores busy | other load (cores) |", "|---:|---:|---:|---:|---:|"]
@@ -98,12 +103,13 @@ def report(rows, rate):
         if isinstance(result, Exception):
             lines.append(f"| {workers} | failed: {type(result).__name__}: {result} | | | |")
         else:
-            lines.append(f"| {workers} | {result.images_per_s:,.0f} | {result.images_per_s / workers:,.0f} | "
+            lines.append(f"| {workers} | {result.images_per_s:,.0f} | "
+                         f"{cast(float, result.images_per_s) / workers:,.0f} | "
                          f"{result.cpu_cores:.1f} | {result.other_cores:.1f} |")
     measured = [(workers, result) for workers, result in rows if not isinstance(result, Exception)]
     if measured:
         workers, result = measured[-1]
-        stages = ", ".join(f"{name} {ms:.2f}" for name, ms in result.stages.items())
+        stages = ", ".join(f"{name} {ms:.2f}" for name, ms in cast(Dict[str, float], result.stages).items())
         lines += ["", f"At {workers} worker{'s' * (workers > 1)}, worker time per image (ms): {stages}",
                   f"Bottleneck: {result.note}"]
         needed = cores_for(rate, rows)

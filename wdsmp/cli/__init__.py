@@ -13,13 +13,14 @@ finds the command line it was given, for a summary to quote, in ``args.argv``.
 
 import argparse
 import sys
+from typing import Iterable, Optional
 
 __all__ = ["main"]
 
 _MODULES = ("create", "reshard", "listing", "index", "verify", "prefetch", "convert", "bench", "doctor")
 
 
-def _parser():
+def _parser() -> argparse.ArgumentParser:
     from .. import __version__
 
     parser = argparse.ArgumentParser(prog="wdsmp", description="Make, inspect, check, cache and convert "
@@ -33,14 +34,14 @@ def _parser():
     return parser
 
 
-def main(argv=None):
+def main(argv: Optional[Iterable[object]] = None) -> int:
     """Run the command line ``argv`` (default ``sys.argv[1:]``); the exit status."""
     from ..errors import WdsmpError
     from .common import CommandError
 
-    argv = [str(arg) for arg in (sys.argv[1:] if argv is None else argv)]
-    args = _parser().parse_args(argv)
-    args.argv = argv
+    words = [str(arg) for arg in (sys.argv[1:] if argv is None else argv)]
+    args = _parser().parse_args(words)
+    args.argv = words
     try:
         return args.func(args)
     except CommandError as exn:
@@ -57,7 +58,7 @@ def main(argv=None):
         return 130
 
 
-def _quiet_stdout():
+def _quiet_stdout() -> None:
     """Point stdout at /dev/null, so that the interpreter's final flush of a closed pipe
     prints nothing more."""
     import os

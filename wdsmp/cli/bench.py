@@ -9,17 +9,20 @@ import argparse
 import os
 import shlex
 import sys
+from typing import Callable, TypeVar
 
 from .output import positive_int
 from .common import add_common, check_output, die, expand_inputs, print_json
 
 __all__ = ["add_arguments", "add_parser", "run", "timings"]
 
+_N = TypeVar("_N", int, float)
 
-def _number(kind, what, valid):
+
+def _number(kind: Callable[[str], _N], what: str, valid: Callable[[_N], bool]) -> Callable[[str], _N]:
     """An argparse type: ``kind(text)``, refused with "is not ``what``" unless ``valid(value)``."""
 
-    def convert(text):
+    def convert(text: str) -> _N:
         value = kind(text)
         if not valid(value):
             raise argparse.ArgumentTypeError(f"{text} is not {what}")
@@ -29,7 +32,7 @@ def _number(kind, what, valid):
     return convert
 
 
-def add_arguments(parser, corpus_required=True):
+def add_arguments(parser: argparse.ArgumentParser, corpus_required: bool = True) -> None:
     """The benchmark's options, on ``parser``."""
     parser.add_argument("--corpus", required=corpus_required,
                         help="a directory written by benchmarks/make_corpus.py: DataLoader pipeline, FastLoader "
@@ -48,7 +51,7 @@ def add_arguments(parser, corpus_required=True):
                         "pip install 'wdsmp[plot]'); default loader-bench.png, or wdsmp-bench.png with SHARDS")
 
 
-def timings(args, scaling):
+def timings(args: argparse.Namespace, scaling: bool) -> None:
     """Fill in the defaults of ``--seconds``, ``--warmup`` and ``--plot``, which differ between
     the corpus benchmark and a run on your own shards (``scaling``)."""
     if args.seconds is None:
@@ -59,7 +62,7 @@ def timings(args, scaling):
         args.plot = "wdsmp-bench.png" if scaling else "loader-bench.png"
 
 
-def add_parser(subparsers):
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "bench", help="measure loader throughput: on your shards, or FastLoader against the DataLoader pipeline",
         description="With SHARDS: FastLoader on your shards at 1, 2, 4, ... workers, with the bottleneck and the "
@@ -82,7 +85,7 @@ def add_parser(subparsers):
     parser.set_defaults(func=run)
 
 
-def run(args):
+def run(args: argparse.Namespace) -> int:
     if args.shards and args.corpus:
         die("give SHARDS or --corpus, not both")
     if not args.shards and not args.corpus:
@@ -112,7 +115,7 @@ def run(args):
     return 0
 
 
-def _run_scaling(args):
+def _run_scaling(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
     from ..bench import plot as benchplot

@@ -5,14 +5,19 @@ line every ``interval`` seconds with items/s and MB/s, so that logs of batch
 jobs show the rate without carriage-return noise. ``--quiet`` silences both.
 """
 
+import argparse
 import json
 import os
 import sys
 import time
+from typing import TYPE_CHECKING, Dict, Iterable, List, NoReturn, Optional, TextIO, Tuple
 
 from ..gopen import gopen_schemes, has_opener, local_path
 from ..shards.index import read_entries
 from ..shardlists import expand_urls
+
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 __all__ = ["PARTIAL", "Progress", "add_common", "check_output", "die", "distinct_shards", "expand_inputs", "print_json"]
 
@@ -21,7 +26,7 @@ __all__ = ["PARTIAL", "Progress", "add_common", "check_output", "die", "distinct
 PARTIAL = ".partial-"
 
 
-def add_common(parser, json_summary=True):
+def add_common(parser: argparse.ArgumentParser, json_summary: bool = True) -> None:
     """The options every subcommand has: ``--quiet``, and ``--json`` where it makes a summary."""
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     if json_summary:
@@ -32,11 +37,11 @@ class CommandError(Exception):
     """A usage or input problem: printed as ``wdsmp <command>: <message>``, exit status 2."""
 
 
-def die(message):
+def die(message: str) -> NoReturn:
     raise CommandError(message)
 
 
-def _indexed(spec):
+def _indexed(spec: str) -> List[str]:
     """The shards a shard index (``index.json``, see wdsmp.shards.index) lists."""
     try:
         return [entry["url"] for entry in read_entries(spec)]
@@ -44,11 +49,12 @@ def _indexed(spec):
         die(f"cannot read the shard index {spec}: {exn}")
 
 
-def _is_glob(spec):
+def _is_glob(spec: str) -> bool:
     return any(char in spec for char in "*?[")
 
 
-def expand_inputs(specs, missing_ok=False, indexes=False, index_option=None):
+def expand_inputs(specs: Iterable[str], missing_ok: bool = False, indexes: bool = False,
+                  index_option: Optional[str] = None) -> List[str]:
     """Shard URLs from command-line inputs: brace patterns, ``::`` lists, local globs, any URL
     gopen reads, ``-`` (stdin), and with ``indexes`` the shards of a shard index (a ``.json``
     input, as FastLoader takes it). Inputs that match nothing are an error, and so is a URL of
@@ -57,7 +63,7 @@ def expand_inputs(specs, missing_ok=False, indexes=False, index_option=None):
     ``.json`` file is never a shard: given by name, it is an error (naming ``index_option``,
     where the command reads an index that way); matched by a glob beside shards (the
     ``classes.json`` of ``create --imagefolder``, an ``index.json``), it is left out."""
-    urls = []
+    urls: List[str] = []
     for spec in specs:
         if spec == "-":
             urls.append(spec)
@@ -90,18 +96,18 @@ def expand_inputs(specs, missing_ok=False, indexes=False, index_option=None):
     return urls
 
 
-def distinct_shards(urls):
+def distinct_shards(urls: Iterable[str]) -> Tuple[List[str], List[List[str]]]:
     """``(unique, repeated)``: ``urls`` with each shard once, by the first name given for it, and
     the names of each shard given more than once, as lists in input order. One shard: the same
     URL, or local paths of the same file (``./``, ``..`` and symlinks resolved)."""
-    names = {}
+    names: Dict[str, List[str]] = {}
     for url in urls:
         path = local_path(url) if url != "-" else None
         names.setdefault(os.path.realpath(path) if path is not None else url, []).append(url)
     return [group[0] for group in names.values()], [group for group in names.values() if len(group) > 1]
 
 
-def check_output(path, force=False):
+def check_output(path: str, force: bool = False) -> None:
     """Refuse to overwrite an existing local ``path`` unless ``force`` (tar would; wdsmp does
     not). ``-`` and remote URLs pass."""
     local = local_path(path) if path != "-" else None
@@ -109,7 +115,7 @@ def check_output(path, force=False):
         die(f"{local} exists; remove it or pass --force")
 
 
-def print_json(summary):
+def print_json(summary: object) -> None:
     json.dump(summary, sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
 
@@ -118,20 +124,21 @@ class Progress:
     """Counts items and bytes of long work and shows the rate on stderr (see the module
     docstring). Use as a context manager; ``update(items, nbytes)`` as work is done."""
 
-    def __init__(self, description, total=None, unit="samples", quiet=False, interval=10.0, stream=None):
+    def __init__(self, description: str, total: Optional[int] = None, unit: str = "samples", quiet: bool = False,
+                 interval: float = 10.0, stream: Optional[TextIO] = None) -> None:
         self.description, self.total, self.unit = description, total, unit
         self.items = self.bytes = 0
         self.stream = sys.stderr if stream is None else stream
         self.quiet, self.interval = quiet, interval
         self.started = self.logged = time.monotonic()
-        self.bar = None
+        self.bar: "Optional[tqdm]" = None
         if not quiet and self.stream.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=total, desc=description, unit=unit[:-1] if unit.endswith("s") else unit,
                             file=self.stream, dynamic_ncols=True)
 
-    def update(self, items=1, nbytes=0):
+    def update(self, items: int = 1, nbytes: int = 0) -> None:
         self.items += items
         self.bytes += nbytes
         if self.bar is not None:
@@ -140,17 +147,17 @@ class Progress:
             self.logged = time.monotonic()
             self._line()
 
-    def _line(self, final=False):
+    def _line(self, final: bool = False) -> None:
         elapsed = max(time.monotonic() - self.started, 1e-9)
         of = f"/{self.total:,}" if self.total is not None else ""
         print(f"wdsmp {self.description}: {self.items:,}{of} {self.unit}, {self.items / elapsed:,.0f} {self.unit}/s, "
               f"{self.bytes / elapsed / 1e6:,.1f} MB/s{', done' if final else ''} ({elapsed:,.1f} s)",
               file=self.stream, flush=True)
 
-    def __enter__(self):
+    def __enter__(self) -> "Progress":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         if self.bar is not None:
             self.bar.close()
         elif not self.quiet and exc[0] is None:

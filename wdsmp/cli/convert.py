@@ -40,6 +40,7 @@ pool: the shards it was running fail, those not started are counted as such, and
 on from there.
 """
 
+import argparse
 import contextlib
 import importlib
 import multiprocessing
@@ -48,8 +49,9 @@ import re
 import sys
 import time
 import traceback
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generator, Iterable, List, Sequence, Set, Tuple, Type, Union
 
 from .._internal.atomic import atomic_write
 from ..errors import WdsmpError
@@ -60,7 +62,13 @@ from ..tariterators import tarfile_samples
 from ..writer import TarWriter
 from .common import PARTIAL, Progress, add_common, die, expand_inputs, print_json
 
+if TYPE_CHECKING:
+    from dask.distributed import Client
+    from dask.distributed import Future as DaskFuture
+
 __all__ = ["MapError", "add_parser", "convert_shard", "load_function", "output_name", "run"]
+
+_Task = Tuple[str, str, str]  # (url, output, spec): the arguments of convert_shard
 
 _SHARD_NAME = re.compile(r"[\w.+-]+\.(?:tar|tgz|tar\.gz|tar\.bz2|tar\.xz)(?![\w.])")
 
@@ -72,15 +80,15 @@ class MapError(WdsmpError, RuntimeError):
     error crosses process (and, with Dask, machine) boundaries where the traceback is lost.
     """
 
-    def __init__(self, problem, url, key, details=""):
+    def __init__(self, problem: str, url: str, key: str, details: str = "") -> None:
         self.problem, self.url, self.key, self.details = problem, url, key, details
         super().__init__(f"{problem} (shard {url!r}, sample {key!r})")
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Type["MapError"], Tuple[str, str, str, str]]:
         return (type(self), (self.problem, self.url, self.key, self.details))
 
 
-def load_function(spec):
+def load_function(spec: str) -> Callable[[Dict[str, Any]], Any]:
     """The callable that ``module:function`` names (``function`` may be a dotted path)."""
     module, _, attribute = spec.partition(":")
     if not module or not attribute:
@@ -93,7 +101,7 @@ def load_function(spec):
     return function
 
 
-def output_name(url):
+def output_name(url: str) -> str:
     """The file name of the shard ``url`` names: a local file's name, else the last
     ``NAME.tar`` (``.tgz``, ``.tar.gz``, ...) in the URL, as in ``pipe:curl -s .../NAME.tar``."""
     path = local_path(url)
@@ -105,7 +113,7 @@ def output_name(url):
     return names[-1]
 
 
-def _samples_out(result):
+def _samples_out(result: object) -> Sequence[Dict[str, Any]]:
     """The output samples a map function's result stands for (see the module docstring)."""
     if result is None:
         return ()
@@ -116,7 +124,7 @@ def _samples_out(result):
     raise TypeError(f"{result!r:.60}, not a sample dict, None or a list of sample dicts")
 
 
-def convert_shard(url, output, spec):
+def convert_shard(url: str, output: str, spec: str) -> Dict[str, Any]:
     """Convert one shard (the task a worker runs): ``{"shard", "samples_in", "samples_out", "bytes"}``.
 
     Writes ``output`` as NOTE [complete outputs] says; raises MapError, or the reader's
@@ -125,8 +133,8 @@ def convert_shard(url, output, spec):
     function = load_function(spec)
     directory, name = os.path.split(output)
     partial = os.path.join(directory, PARTIAL + name)
-    counts = {"shard": url, "samples_in": 0, "samples_out": 0}
-    written = set()  # keys only: a key repeated in a shard would not read back as two samples
+    counts: Dict[str, Any] = {"shard": url, "samples_in": 0, "samples_out": 0}
+    written: Set[str] = set()  # keys only: a key repeated in a shard would not read back as two samples
     with atomic_write(output, partial), TarWriter(partial) as sink:
         for sample in tarfile_samples([url]):
             counts["samples_in"] += 1
@@ -136,6 +144,7 @@ def convert_shard(url, output, spec):
             except KeyboardInterrupt:  # Ctrl-C reaches the workers too: the run stops, not the shard
                 raise
             except BaseException as exn:  # sys.exit() in the function fails this shard, not the worker
+                assert exn.__traceback__ is not None  # an exception being handled has its traceback
                 where = exn.__traceback__.tb_next  # the function's frames, not this one
                 details = "".join(traceback.format_exception(type(exn), exn, where))
                 raise MapError(f"--map {spec} raised {type(exn).__name__}: {exn}", url, key, details) from exn
@@ -153,7 +162,8 @@ def convert_shard(url, output, spec):
     return counts
 
 
-def _local_pool(tasks, workers):
+def _local_pool(tasks: Iterable[_Task],
+                workers: int) -> Generator[Tuple[_Task, "Future[Dict[str, Any]]"], None, None]:
     """Run ``tasks`` on a pool of ``workers`` processes; yields ``(task, future)`` as each one ends.
 
     Only as many tasks as there are workers are ever handed to the pool, so that Ctrl-C, which
@@ -166,6 +176,7 @@ def _local_pool(tasks, workers):
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload([__name__])  # workers fork from a process that imported wdsmp
     pool = ProcessPoolExecutor(workers, mp_context=context, initializer=exit_with_parent)  # none outlives the run
+    running: Dict[Future[Dict[str, Any]], _Task]
     todo, running, broken = iter(tasks), {}, False
     try:
         while True:
@@ -184,7 +195,7 @@ def _local_pool(tasks, workers):
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _dask_client(address):
+def _dask_client(address: str) -> "Client":
     """A client of the Dask scheduler at ``address``; a usage error when it cannot be reached."""
     try:
         from dask.distributed import Client
@@ -196,7 +207,8 @@ def _dask_client(address):
         die(f"cannot reach the Dask scheduler at {address}: {exn}")
 
 
-def _dask(tasks, client):
+def _dask(tasks: Iterable[_Task],
+          client: "Client") -> Generator[Tuple[_Task, "DaskFuture[Dict[str, Any]]"], None, None]:
     """Run ``tasks`` with the Dask ``client``, closed at the end; yields ``(task, future)`` as
     each one finishes."""
     from dask.distributed import as_completed as dask_completed
@@ -210,7 +222,7 @@ def _dask(tasks, client):
             client.cancel(list(futures))
 
 
-def _plan(args):
+def _plan(args: argparse.Namespace) -> Tuple[str, List[_Task], int]:
     """``(outdir, tasks, skipped)``: ``(url, output, spec)`` to run, and how many inputs have a
     complete output already. Makes nothing: OUTDIR is made once the work can start."""
     outdir = local_path(args.output)
@@ -220,7 +232,7 @@ def _plan(args):
     urls = expand_inputs(args.shards)
     if "-" in urls:
         die("convert reads shards by name, not from stdin")
-    outputs = {}
+    outputs: Dict[str, str] = {}
     for url in urls:
         path = local_path(url)
         if path is not None:
@@ -238,7 +250,7 @@ def _plan(args):
     return outdir, tasks, len(outputs) - len(tasks)
 
 
-def _failure(url, exn):
+def _failure(url: str, exn: BaseException) -> Tuple[str, Dict[str, Any]]:
     """What to print, and the JSON entry, for a shard that failed."""
     if isinstance(exn, BrokenProcessPool):  # which worker died is not known: this shard's, or another's
         text = f"a worker process died (killed, out of memory, a crash) while shard {url!r} was converting"
@@ -251,7 +263,7 @@ def _failure(url, exn):
     return text + (f"\n{details.rstrip()}" if details else ""), entry
 
 
-def add_parser(subparsers):
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "convert", help="run a function over every sample, writing one output shard per input shard",
         description="Run --map module:function over every sample of SHARDS, writing OUTDIR/NAME for each input "
@@ -268,7 +280,7 @@ def add_parser(subparsers):
     parser.set_defaults(func=run)
 
 
-def run(args):
+def run(args: argparse.Namespace) -> int:
     if args.scheduler is not None and args.workers is not None:
         die("--workers sizes the local pool; a Dask cluster has its own workers")
     if args.workers is not None and args.workers < 1:
@@ -282,7 +294,7 @@ def run(args):
     except BaseException as exn:  # the user's module runs at import: anything can happen, sys.exit() too
         die(f"--map {args.map}: {type(exn).__name__}: {exn}")
     outdir, tasks, skipped = _plan(args)
-    summary = {"output": outdir, "shards": len(tasks) + skipped, "skipped": skipped,
+    summary: Dict[str, Any] = {"output": outdir, "shards": len(tasks) + skipped, "skipped": skipped,
                "done": 0, "failed": 0, "samples_in": 0, "samples_out": 0, "bytes_out": 0, "failures": []}
     start = time.monotonic()
     if tasks:
@@ -293,6 +305,8 @@ def run(args):
             if client is not None:
                 client.close()
             raise
+        finished: Union[Generator[Tuple[_Task, Future[Dict[str, Any]]], None, None],
+                        Generator[Tuple[_Task, DaskFuture[Dict[str, Any]]], None, None]]
         if client is not None:
             finished = _dask(tasks, client)
         else:

@@ -3,10 +3,12 @@
 How the archives are written, and what a failed run leaves, is output.py's (NOTE [failed output]).
 """
 
+import argparse
 import json
 import os
 import sys
 import time
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, Union
 
 from ..gopen import gopen, local_path
 from ..handlers import reraise_exception
@@ -17,11 +19,14 @@ from .output import Output, add_output_options, check_summary_target
 
 # Sources. Each gives {key: {extension: source}} in writing order; sources are read lazily.
 
+_Groups = Dict[str, Dict[str, str]]  # {key: {extension: path, URL or text:literal}}
+_Sample = Dict[str, Union[str, bytes]]  # __key__ and the fields' bytes
 
-def _fields_of(key, fields, where):
+
+def _fields_of(key: str, fields: Dict[str, str], where: str) -> Dict[str, str]:
     """``fields``, unless two differ only in case: readers lowercase extensions, so to them
     those would be one field given twice."""
-    lowered = {}
+    lowered: Dict[str, str] = {}
     for ext in fields:
         if ext.lower() in lowered:
             die(f"{where}: sample {key!r} has fields {lowered[ext.lower()]!r} and {ext!r}, the same field "
@@ -30,15 +35,15 @@ def _fields_of(key, fields, where):
     return fields
 
 
-def _skip_link(path, why):
+def _skip_link(path: str, why: str) -> None:
     print(f"wdsmp create: skipping {path}: a symbolic link to {os.readlink(path)!r}, {why}", file=sys.stderr)
 
 
-def _inside(path, root):
+def _inside(path: str, root: str) -> bool:
     return os.path.commonpath([root, path]) == root
 
 
-def _followed(path, real_root, follow_links, ancestors=()):
+def _followed(path: str, real_root: str, follow_links: bool, ancestors: Iterable[str] = ()) -> bool:
     """Whether to read the symbolic link ``path`` (to a file or a directory): only with
     ``follow_links``, and only to a place inside SOURCE that exists and is not a directory
     above it (a cycle). Each link left out is named on stderr: none is skipped silently."""
@@ -57,7 +62,7 @@ def _followed(path, real_root, follow_links, ancestors=()):
     return False
 
 
-def _files(root, follow_links):
+def _files(root: str, follow_links: bool) -> Iterator[Tuple[str, str]]:
     """``(path, path relative to root)`` of the files under ``root``, hidden entries skipped,
     symbolic links as ``_followed`` says."""
     real_root = os.path.realpath(root)
@@ -78,7 +83,7 @@ def _files(root, follow_links):
             yield path, os.path.relpath(path, root).replace(os.sep, "/")
 
 
-def _scan(root, imagefolder, follow_links=False):
+def _scan(root: str, imagefolder: bool, follow_links: bool = False) -> _Groups:
     """``{key: {ext: path}}`` for the files under ``root``, keys sorted; hidden entries skipped,
     symbolic links as ``_followed`` says.
 
@@ -86,7 +91,7 @@ def _scan(root, imagefolder, follow_links=False):
     is the extension, as readers split member names. With ``imagefolder``, each file must lie
     in a class directory (the first path component).
     """
-    groups = {}
+    groups: _Groups = {}
     for path, relative in _files(root, follow_links):
         if imagefolder and "/" not in relative:
             die(f"{path}: with --imagefolder, files belong in class directories under {root}")
@@ -95,13 +100,14 @@ def _scan(root, imagefolder, follow_links=False):
         key, ext = base_plus_ext(relative)
         if not ext:  # none, or nothing after the dot: no field to put the file in
             die(f"{path}: no extension, so it would belong to no sample (rename it, or use --recipe)")
+        assert key is not None  # base_plus_ext gives a key with every extension
         if imagefolder and ext.lower() == "cls":
             die(f"{path}: a .cls file, where --imagefolder puts the class index")
         groups.setdefault(key, {})[ext] = path
     return {key: _fields_of(key, groups[key], root) for key in sorted(groups)}
 
 
-def _check_outside(output, root):
+def _check_outside(output: str, root: str) -> None:
     """An output inside SOURCE would be read back as a sample by the next run (and be
     overwritten while it is read, with --force)."""
     path = local_path(output)
@@ -113,7 +119,7 @@ def _check_outside(output, root):
         die(f"the output {output} lies inside SOURCE {root}; write it elsewhere")
 
 
-def _class_names(root, follow_links):
+def _class_names(root: str, follow_links: bool) -> List[str]:
     """ImageFolder's classes: the directories under ``root``, sorted (hidden ones skipped, and
     symbolic links unless ``follow_links`` and they stay inside, as for the files)."""
     real_root = os.path.realpath(root)
@@ -122,15 +128,15 @@ def _class_names(root, follow_links):
                       and (not entry.is_symlink() or _quietly_followed(entry.path, real_root, follow_links)))
 
 
-def _quietly_followed(path, real_root, follow_links):
+def _quietly_followed(path: str, real_root: str, follow_links: bool) -> bool:
     """``_followed`` for a link the scan has already named."""
     target = os.path.realpath(path)
     return follow_links and os.path.exists(target) and _inside(target, real_root) and target != real_root
 
 
-def _tree_samples(groups, classes):
+def _tree_samples(groups: Mapping[str, Mapping[str, str]], classes: Optional[Mapping[str, int]]) -> Iterator[_Sample]:
     for key, fields in groups.items():
-        sample = {"__key__": key}
+        sample: _Sample = {"__key__": key}
         for ext, path in fields.items():
             with open(path, "rb") as stream:
                 sample[ext] = stream.read()
@@ -139,12 +145,12 @@ def _tree_samples(groups, classes):
         yield sample
 
 
-def _parse_recipe(url):
+def _parse_recipe(url: str) -> _Groups:
     """``{key: {ext: source}}`` from a recipe (lines ``key.ext source``), in order of first
     appearance; ``#`` comments and blank lines skipped."""
     with gopen(url) as stream:
         text = stream.read().decode("utf-8")
-    groups = {}
+    groups: _Groups = {}
     for number, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -157,6 +163,7 @@ def _parse_recipe(url):
         key, ext = base_plus_ext(name)
         if not ext:
             die(f"{where}: archive name {name!r} has no extension (key.ext)")
+        assert key is not None  # base_plus_ext gives a key with every extension
         fields = groups.setdefault(key, {})
         if ext in fields:
             die(f"{where}: {name!r} appears twice")
@@ -164,7 +171,7 @@ def _parse_recipe(url):
     return {key: _fields_of(key, fields, url) for key, fields in groups.items()}
 
 
-def _read_source(source):
+def _read_source(source: str) -> bytes:
     """A recipe source's bytes: ``text:...`` literally, else a path or URL (``pipe:`` too) via gopen."""
     if source.startswith("text:"):
         return source[len("text:"):].encode("utf-8")
@@ -172,17 +179,17 @@ def _read_source(source):
         return stream.read()
 
 
-def _recipe_samples(groups):
+def _recipe_samples(groups: Mapping[str, Mapping[str, str]]) -> Iterator[_Sample]:
     for key, fields in groups.items():
         yield {"__key__": key, **{ext: _read_source(source) for ext, source in fields.items()}}
 
 
-def _sources(groups):
+def _sources(groups: Mapping[str, Mapping[str, str]]) -> List[str]:
     """The paths and URLs samples are read from, which must not become outputs."""
     return [source for fields in groups.values() for source in fields.values() if not source.startswith("text:")]
 
 
-def _classes_file(args, classes):
+def _classes_file(args: argparse.Namespace, classes: Dict[str, int]) -> Tuple[str, str]:
     """Where the class index ``{name: index}`` goes, and its text; an existing file with other
     text is replaced only with ``--force``."""
     path = args.classes
@@ -202,7 +209,7 @@ def _classes_file(args, classes):
     return path, text
 
 
-def add_parser(subparsers):
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "create", help="make shards from a directory, an ImageFolder tree or a recipe",
         description="Make WebDataset shards. From a directory, files sharing a path up to the first dot "
@@ -230,7 +237,7 @@ def add_parser(subparsers):
     parser.set_defaults(func=run)
 
 
-def run(args):
+def run(args: argparse.Namespace) -> int:
     if (args.source is None) == (args.recipe is None):
         die("give either a SOURCE directory or --recipe FILE")
     if args.recipe is not None and (args.imagefolder or args.follow_links):
@@ -239,6 +246,8 @@ def run(args):
         die("--classes goes with --imagefolder")
     check_summary_target(args)
     started = time.monotonic()
+    classes: Optional[Dict[str, int]]
+    classes_file: Optional[str]
     classes = classes_file = None
     if args.recipe is not None:
         groups = _parse_recipe(args.recipe)

@@ -6,9 +6,11 @@ import error and what its absence costs: the status is then 1), or off
 change what wdsmp can do.
 """
 
+import argparse
 import importlib
 import os
 import sys
+from typing import Optional
 
 from .common import add_common, print_json
 
@@ -22,7 +24,7 @@ _OPTIONAL = {
 }
 
 
-def add_parser(subparsers):
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "doctor", help="say which native parts are in use, and what is missing",
         description="Say which of wdsmp's compiled parts (tar splitter, image kernel, JPEG region decoder) are "
@@ -32,14 +34,14 @@ def add_parser(subparsers):
     parser.set_defaults(func=run)
 
 
-def _version(name):
+def _version(name: str) -> Optional[str]:
     try:
         return getattr(importlib.import_module(name), "__version__", "installed")
     except ImportError:
         return None
 
 
-def run(args):
+def run(args: argparse.Namespace) -> int:
     from ..native import core as native
 
     parts = native.parts()

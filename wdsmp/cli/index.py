@@ -18,9 +18,11 @@ index of no samples. Samples are grouped as wdsmp groups them, so a DALI epoch a
 a wdsmp epoch see the same samples.
 """
 
+import argparse
 import os
 import re
 import sys
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 from urllib.parse import urlsplit
 
 from ..gopen import local_path
@@ -31,12 +33,17 @@ from ..tariterators import _META_FILES, SHARD_END, ShardFailed, base_plus_ext, g
 from .common import Progress, add_common, check_output, die, distinct_shards, expand_inputs, print_json
 from .verify import Problem, ShardReport, check_shard, open_counted
 
+if TYPE_CHECKING:
+    from ..native.tarsplit_py import TarSplitter
+    from ..tariterators import _Boundary
+
 __all__ = ["add_parser", "dali_index", "run"]
 
 DALI_VERSION = "v1.2"
 
 
-def _components(splitter, url, report):
+def _components(splitter: "TarSplitter", url: str,
+                report: ShardReport) -> Iterator[Union[Dict[str, Any], "_Boundary"]]:
     """Members for group_by_keys whose ``data`` is the DALI component ``(ext, data offset,
     size, name)`` and the header's offset, instead of the bytes; then the shard's end marker.
     The data offset is where the splitter stands after the member, less its padded size."""
@@ -48,6 +55,7 @@ def _components(splitter, url, report):
                 report.problems.append(Problem(url, "dali", f"a link member (to {splitter.links[-1][1]!r}): its "
                                                f"data is stored under another name, which DALI's index "
                                                f"cannot describe", name, offset))
+            assert data is not None  # a TarSplitter reads every member's data (TarHeaders would not)
             padded = (len(data) + BLOCK - 1) // BLOCK * BLOCK
             component = (base_plus_ext(name)[1], splitter.position - padded, len(data), name, offset)
             yield {"fname": name, "data": component, "__offset__": offset, "__url__": url}
@@ -58,7 +66,7 @@ def _components(splitter, url, report):
     yield SHARD_END
 
 
-def dali_index(url):
+def dali_index(url: str) -> Tuple[Optional[str], ShardReport]:
     """``(text of the DALI index file, ShardReport)`` for the shard at ``url``; the text is
     None when the shard has problems (they are in the report)."""
     report = ShardReport(url)
@@ -67,7 +75,7 @@ def dali_index(url):
     except (OSError, ValueError) as exn:
         report.record(exn)
         return None, report
-    lines = []
+    lines: List[str] = []
     try:
         if stream.peek(2)[:2] == GZIP_MAGIC:
             report.problems.append(Problem(url, "dali", "gzip-compressed: DALI's reader needs an uncompressed tar"))
@@ -91,16 +99,16 @@ def dali_index(url):
     return "".join(f"{line}\n" for line in [f"{DALI_VERSION} {len(lines)}"] + lines), report
 
 
-def _shard_name(url):
+def _shard_name(url: str) -> str:
     """A shard's name up to its first dot, as DALI's wds2idx names index files."""
     path = local_path(url)
     return os.path.basename(path if path is not None else urlsplit(url).path).split(".", 1)[0]
 
 
-def _dali_paths(output, urls):
+def _dali_paths(output: str, urls: Iterable[str]) -> Dict[str, str]:
     """Where each shard's index file goes: ``output`` with ``{name}`` replaced by the shard's
     name (up to its first dot), or ``output/<name>.idx`` when it has no ``{name}``."""
-    paths = {}
+    paths: Dict[str, str] = {}
     for url in urls:
         name = _shard_name(url)
         if not name:
@@ -113,7 +121,7 @@ def _dali_paths(output, urls):
     return paths
 
 
-def add_parser(subparsers):
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "index", help="write the shard manifest (sample counts, sizes, sha256), or DALI index files",
         description="Count the samples of each shard with wdsmp's reader and write the manifest its "
@@ -135,12 +143,12 @@ def add_parser(subparsers):
     parser.set_defaults(func=run)
 
 
-def _count(n, noun):
+def _count(n: int, noun: str) -> str:
     """``1 shard``, ``2 shards``."""
     return f"{n} {noun}{'s' * (n != 1)}"
 
 
-def _report_problems(reports):
+def _report_problems(reports: Sequence[ShardReport]) -> int:
     """Print the problems and notes on stderr; the number of shards that have problems."""
     for report in reports:
         for problem in report.problems:
@@ -150,7 +158,7 @@ def _report_problems(reports):
     return sum(bool(report.problems) for report in reports)
 
 
-def _default_output(urls, args):
+def _default_output(urls: Sequence[str], args: argparse.Namespace) -> str:
     """Where the manifest goes without ``-o``: ``index.json`` in the local shards' directory."""
     if args.format == "dali":
         die("--format dali needs -o: a directory, or a pattern with {name}")
@@ -162,7 +170,7 @@ def _default_output(urls, args):
     return os.path.join(directories.pop(), INDEX_NAME)
 
 
-def run(args):
+def run(args: argparse.Namespace) -> int:
     urls = expand_inputs(args.shards)
     if args.output is None:
         args.output = _default_output(urls, args)

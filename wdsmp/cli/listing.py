@@ -5,18 +5,22 @@ stderr with the problem and where it is (wdsmp's reader says shard, member and b
 other shards are still read, and the status is 1.
 """
 
+import argparse
 import collections
 import sys
+from typing import Any, Container, Dict, Iterable, Iterator, List, MutableMapping, Sequence, Tuple, TypeVar
 
 from ..errors import WdsmpError
 from ..gopen import gopen
 from ..tariterators import base_plus_ext, group_by_keys, tar_file_expander, tar_file_iterator, url_opener
 from .common import Progress, add_common, expand_inputs, print_json
 
+_T = TypeVar("_T")
+
 _READER_FIELDS = ("__url__", "__local_path__")  # what group_by_keys adds to a sample
 
 
-def _tallied(members, tally):
+def _tallied(members: Iterable[_T], tally: MutableMapping[str, Any]) -> Iterator[_T]:
     """Members, unchanged, counting them, those outside any sample (no extension) and link
     members (which the reader gives the data of the member they name)."""
     for member in members:
@@ -30,7 +34,7 @@ def _tallied(members, tally):
         yield member
 
 
-def link_note(count, first):
+def link_note(count: int, first: Tuple[str, str]) -> str:
     """What to say about a shard's link members: wdsmp reads them, other readers drop them."""
     name, target = first
     return (f"{count} link member{'s' * (count != 1)} (hard or symbolic, e.g. {name!r} -> {target!r}), read "
@@ -38,7 +42,7 @@ def link_note(count, first):
             f"links (tar --hard-dereference, tar -h)")
 
 
-def read_samples(urls, tally):
+def read_samples(urls: Sequence[str], tally: MutableMapping[str, Any]) -> Iterator[Dict[str, Any]]:
     """The samples of ``urls`` exactly as stored: ``__key__`` and one entry per field, field names
     with their case kept. ``tally`` (a Counter) gets ``members`` and ``outside`` (members that
     belong to no sample); ``__name__`` metadata members are skipped, as readers skip them.
@@ -50,26 +54,27 @@ def read_samples(urls, tally):
         yield sample
 
 
-def _reported(command, exn):
+def _reported(command: str, exn: BaseException) -> None:
     print(f"wdsmp {command}: error: {exn}", file=sys.stderr)
 
 
-def human(size):
+def human(size: float) -> str:
     """A byte count for people: 1.2 MB (powers of 1000)."""
     for unit in ("B", "kB", "MB", "GB", "TB"):
         if size < 1000 or unit == "TB":
             return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
         size /= 1000
+    raise AssertionError("unreachable: the last unit returns")
 
 
-def _table(rows, right=()):
+def _table(rows: Sequence[Sequence[str]], right: Container[int] = ()) -> List[str]:
     """Rows of text in columns, ``right`` ones aligned right."""
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.rjust(width) if i in right else cell.ljust(width)
                       for i, (cell, width) in enumerate(zip(row, widths))).rstrip() for row in rows]
 
 
-def add_parser(subparsers):
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     ls = subparsers.add_parser("ls", help="list the members of shards with their sizes",
                                description="List every regular member of shards, one per line: shard, "
                                "member name and size in bytes, tab-separated (--json: a list).")
@@ -87,14 +92,15 @@ def add_parser(subparsers):
     info.set_defaults(func=run_info)
 
 
-def _members(url):
+def _members(url: str) -> Iterator[Tuple[str, int, int]]:
     with gopen(url) as stream:
         for member in tar_file_iterator(stream, skip_meta=None, url=url):
             yield member["fname"], len(member["data"]), member["__offset__"]
 
 
-def run_ls(args):
+def run_ls(args: argparse.Namespace) -> int:
     urls = expand_inputs(args.shards, indexes=True)
+    listing: List[Dict[str, Any]]
     listing, failed = [], 0
     for url in urls:
         try:
@@ -113,10 +119,10 @@ def run_ls(args):
     return 1 if failed else 0
 
 
-def _shard_info(url, fields, progress):
+def _shard_info(url: str, fields: Dict[str, List[int]], progress: Progress) -> Dict[str, Any]:
     """Read one shard, adding ``{extension: [samples, bytes]}`` to ``fields``; the shard's entry."""
-    entry = dict(url=url, samples=0, bytes=0)
-    tally = collections.Counter()
+    entry: Dict[str, Any] = dict(url=url, samples=0, bytes=0)
+    tally: Dict[str, Any] = collections.Counter()  # counts, and first_link (a pair of names)
     try:
         for sample in read_samples([url], tally):
             size = 0
@@ -138,9 +144,9 @@ def _shard_info(url, fields, progress):
     return entry
 
 
-def run_info(args):
+def run_info(args: argparse.Namespace) -> int:
     urls = expand_inputs(args.shards, indexes=True)
-    fields = {}
+    fields: Dict[str, List[int]] = {}
     with Progress("info", quiet=args.quiet) as progress:
         shards = [_shard_info(url, fields, progress) for url in urls]
     samples = sum(shard["samples"] for shard in shards)

@@ -26,6 +26,8 @@ import sys
 import threading
 from decimal import Decimal
 from fractions import Fraction
+from types import FrameType, TracebackType
+from typing import IO, Any, Callable, Dict, Iterable, List, NoReturn, Optional, Set, Tuple, Type, Union
 
 from .._internal import validation
 from .._internal.atomic import put_in_place
@@ -45,7 +47,7 @@ _UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12, "ki": 2**10, "
 _CONVERSION = re.compile(r"%(?:%|[-#0 +]*\d*(?:\.\d*)?[hlL]?([a-zA-Z]))")  # a %-format; group 1 unless %%
 
 
-def parse_size(text):
+def parse_size(text: str) -> int:
     """A byte count for ``--maxsize``: ``3e9``, ``500M``, ``1G`` (powers of 1000) or ``512Mi``;
     it must come to a whole number of bytes, from 1 to MAX_SIZE."""
     match = _SIZE.fullmatch(text.strip())
@@ -66,7 +68,7 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a positive integer: {text!r}") from None
 
 
-def is_pattern(name):
+def is_pattern(name: str) -> bool:
     """Whether ``-o`` names a series: a %-format that the shard number changes."""
     try:
         return name % 0 != name % 1
@@ -74,7 +76,7 @@ def is_pattern(name):
         return False
 
 
-def existing_series(pattern):
+def existing_series(pattern: str) -> Dict[int, str]:
     """``{n: path}``, n ascending: the local files named ``pattern % n`` (n >= 0) that exist, a
     series that an earlier run may have left, longer or shorter than this one."""
     conversion = next(match for match in _CONVERSION.finditer(pattern) if match.group(1))
@@ -94,14 +96,14 @@ def existing_series(pattern):
     return dict(sorted(found.items()))
 
 
-def check_format(name):
+def check_format(name: str) -> None:
     """The name picks the compression; refuse those wdsmp's reader could not read back."""
     if _compression(name, None) not in (None, "gz"):
         die(f"{name}: wdsmp reads plain and gzip tars only, so it writes only those: "
             "name the output .tar, .tar.gz or .tgz")
 
 
-def add_output_options(parser, series):
+def add_output_options(parser: argparse.ArgumentParser, series: bool) -> None:
     """``-o`` and ``--force``; with ``series``, also ``--maxcount`` and ``--maxsize``."""
     what = "a tar path or URL, '-' for stdout"
     if series:
@@ -115,7 +117,7 @@ def add_output_options(parser, series):
                             help="at most S bytes of tar per shard, e.g. 1G (default 3G)")
 
 
-def check_summary_target(args):
+def check_summary_target(args: argparse.Namespace) -> None:
     """``--json`` prints on stdout, so it cannot share stdout with an archive."""
     if args.json and args.output == "-":
         die("--json prints on stdout, where -o - writes the archive; drop one of them")
@@ -125,27 +127,28 @@ class _Abandonable(io.RawIOBase):
     """A write stream that can be abandoned (NOTE [failed output]): once ``abandon()`` is
     called, writes are dropped, so closing the tar writer on top adds no end-of-archive marker."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: IO[bytes]) -> None:
         super().__init__()
         self._stream = stream
         self._abandoned = False
 
-    def writable(self):
+    def writable(self) -> bool:
         return True
 
-    def write(self, data):
+    # The tar writer writes bytes: narrower than RawIOBase's readable buffers
+    def write(self, data: bytes) -> int:  # type: ignore[override]
         if not self._abandoned:
             self._stream.write(data)
         return len(data)
 
-    def flush(self):
+    def flush(self) -> None:
         if not self._abandoned and not self.closed:
             self._stream.flush()
 
-    def abandon(self):
+    def abandon(self) -> None:
         self._abandoned = True
 
-    def close(self):
+    def close(self) -> None:
         if self.closed:
             return
         try:
@@ -165,14 +168,25 @@ class Output:
     names the command in messages.
     """
 
-    def __init__(self, target, force=False, maxcount=None, maxsize=None, inputs=(), command="create"):
+    _streams: List[_Abandonable]
+    _renames: List[Tuple[str, str]]  # (partial file, the output's path)
+    _attached: List[Tuple[str, bytes]]
+    _keys: Set[str]
+    _sigterm: Union[Callable[[int, Optional[FrameType]], Any], int, signal.Handlers, None]
+    names: List[str]
+    counts: List[int]
+    _series: Optional[ShardWriter]
+    _single: Optional[TarWriter]
+
+    def __init__(self, target: str, force: bool = False, maxcount: Optional[int] = None, maxsize: Optional[int] = None,
+                 inputs: Iterable[str] = (), command: str = "create") -> None:
         self.force, self.command = force, command
         self._inputs = {_identity(path) for path in map(local_path, inputs) if path is not None} - {None}
         self._streams, self._renames, self._attached, self._keys = [], [], [], set()
         self._sigterm = None
         self.names, self.counts = [], []
         self.samples = self.bytes = 0
-        options = dict(encoder=False, keep_meta=True)
+        options: Dict[str, Any] = dict(encoder=False, keep_meta=True)
         if is_pattern(target):
             check_format(target % 0)
             self._earlier = existing_series(target)
@@ -189,13 +203,13 @@ class Output:
             self._earlier, self._series = {}, None
             self._single = TarWriter(self._open(target), compress=_compression(target, None), **options)
 
-    def _check_target(self, name):
+    def _check_target(self, name: str) -> None:
         check_output(name, self.force)
         path = local_path(name)
         if path is not None and _identity(path) in self._inputs:
             die(f"{path} is an input; it cannot be an output too")
 
-    def _open(self, name):
+    def _open(self, name: str) -> _Abandonable:
         """The stream for the archive ``name`` (ShardWriter's opener)."""
         self._check_target(name)
         stream = _Abandonable(self._open_file(name))
@@ -205,7 +219,7 @@ class Output:
         self._keys = set()
         return stream
 
-    def _open_file(self, name):
+    def _open_file(self, name: str) -> IO[bytes]:
         """A binary stream to ``name``: for a local file its partial file (NOTE [failed output]),
         made in place only for what cannot be renamed over (``/dev/null``, a FIFO)."""
         path = local_path(name)
@@ -218,18 +232,20 @@ class Output:
         self._renames.append((partial, path))
         return open(partial, "wb")
 
-    def attach(self, name, data):
+    def attach(self, name: str, data: bytes) -> None:
         """Write ``data`` (bytes) to ``name`` with the archives, all or nothing: the class index.
         Whether ``name`` may be replaced is the caller's to check."""
         self._attached.append((name, data))
 
-    def write(self, sample):
+    def write(self, sample: Dict[str, Any]) -> int:
         """Write one sample; the bytes it added to the tar stream.
 
         The key is checked after the write: only then is it known which archive of a series
         the sample went to. A repeated key fails the run, so that archive is never completed.
         """
-        written = (self._single or self._series).write(sample)
+        writer = self._single or self._series
+        assert writer is not None  # __init__ made one of them
+        written = writer.write(sample)
         key = sample["__key__"]
         if key in self._keys:
             raise ValueError(f"key {key!r} occurs twice in output {self.names[-1]!r}: readers would merge or "
@@ -240,16 +256,17 @@ class Output:
         self.bytes += written
         return written
 
-    def summary(self):
+    def summary(self) -> List[Dict[str, Union[str, int]]]:
         return [{"url": name, "samples": count} for name, count in zip(self.names, self.counts)]
 
-    def __enter__(self):
+    def __enter__(self) -> "Output":
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
             self._sigterm = signal.signal(signal.SIGTERM, _terminate)
         return self
 
-    def __exit__(self, kind, value, traceback):
+    def __exit__(self, kind: Optional[Type[BaseException]], value: Optional[BaseException],
+                 traceback: Optional[TracebackType]) -> None:
         try:
             if kind is None:
                 self._finish()
@@ -259,7 +276,7 @@ class Output:
             if self._sigterm is not None:
                 signal.signal(signal.SIGTERM, self._sigterm)
 
-    def _finish(self):
+    def _finish(self) -> None:
         try:
             self._close()
             self._commit()
@@ -267,12 +284,14 @@ class Output:
             self._abandon()
             raise
 
-    def _close(self):
-        (self._single or self._series).close()
+    def _close(self) -> None:
+        writer = self._single or self._series
+        assert writer is not None  # __init__ made one of them
+        writer.close()
         for stream in self._streams:
             stream.close()
 
-    def _commit(self):
+    def _commit(self) -> None:
         """Put the archives and attached files in place, then drop an earlier series' shards past
         this run's (NOTE [failed output])."""
         for name, data in self._attached:
@@ -291,7 +310,7 @@ class Output:
             print(f"wdsmp {self.command}: removed {len(stale)} shards left by an earlier run of the series: "
                   f"{stale[0]}{last}", file=sys.stderr)
 
-    def _abandon(self):
+    def _abandon(self) -> None:
         for stream in self._streams:
             stream.abandon()
         try:
@@ -301,7 +320,7 @@ class Output:
                 _unlink(partial)
 
 
-def _identity(path):
+def _identity(path: str) -> Optional[Tuple[int, int]]:
     """What makes two paths one file (links included), or None for a file that does not exist."""
     try:
         status = os.stat(path)
@@ -310,13 +329,13 @@ def _identity(path):
     return status.st_dev, status.st_ino
 
 
-def _unlink(path):
+def _unlink(path: str) -> None:
     try:
         os.remove(path)
     except FileNotFoundError:
         pass
 
 
-def _terminate(signum, frame):
+def _terminate(signum: int, frame: Optional[FrameType]) -> NoReturn:
     """SIGTERM unwinds as SIGINT does, so that the partial files are removed (NOTE [failed output])."""
     raise SystemExit(128 + signum)

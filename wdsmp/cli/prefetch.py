@@ -19,10 +19,12 @@ not there for every source (``pipe:``, chunked HTTP), and matches a file whose b
 damaged.
 """
 
+import argparse
 import functools
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import IO, Any, Dict, List, Mapping
 
 from .._internal.atomic import remove_if_present
 from ..storage.cacheentry import CachedFile, EntryLock
@@ -34,7 +36,7 @@ from .common import Progress, add_common, die, expand_inputs, print_json
 __all__ = ["add_parser", "prefetch", "run"]
 
 
-def _read_through(stream, url):
+def _read_through(stream: IO[bytes], url: str) -> None:
     """Read ``stream`` to its end with the tar reader, then close it."""
     try:
         for _ in tar_file_iterator(stream, url=url):
@@ -43,7 +45,7 @@ def _read_through(stream, url):
         stream.close()
 
 
-def _remove_entry(url, path, timeout):
+def _remove_entry(url: str, path: str, timeout: float) -> None:
     """Remove ``url``'s cache file at ``path`` under its exclusive lock, waiting at most
     ``timeout`` seconds for its readers (loaders hold it shared) to close it: ShardError then."""
     lock = EntryLock(path)
@@ -60,14 +62,14 @@ def _remove_entry(url, path, timeout):
         lock.release()
 
 
-def prefetch(cache, url):
+def prefetch(cache: FileCache, url: str) -> Dict[str, Any]:
     """Bring ``url`` into ``cache`` (a FileCache that opens every entry: ``validator=None``);
     a dict with ``url``, ``status`` (``fetched``, ``cached``: already there, ``local``: not
     cached, ``failed``), ``path`` and ``bytes``; ``error`` when it failed; ``damaged`` (what
     the tar reader said) when a damaged cache file was removed to fetch the shard again."""
     if islocal(url):
         return {"url": url, "status": "local", "path": None, "bytes": None}
-    result = {"url": url, "status": "fetched", "path": None, "bytes": None}
+    result: Dict[str, Any] = {"url": url, "status": "fetched", "path": None, "bytes": None}
     try:
         path = cache.entry_path(url)
         stream = cache.open(url)
@@ -87,7 +89,7 @@ def prefetch(cache, url):
     return dict(result, path=path, bytes=os.path.getsize(path))
 
 
-def add_parser(subparsers):
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "cache", help="prefetch shards into the shard cache of cache_dir=",
         description="Fetch shards into the shard cache that cache_dir= of WebDataset, FastLoader and "
@@ -102,7 +104,7 @@ def add_parser(subparsers):
     parser.set_defaults(func=run)
 
 
-def _line(result):
+def _line(result: Mapping[str, Any]) -> str:
     status, url = result["status"], result["url"]
     if status == "local":
         return f"local   {url} (read in place, never cached)"
@@ -115,7 +117,7 @@ def _line(result):
     return text
 
 
-def _cache_directory(directory):
+def _cache_directory(directory: str) -> None:
     """Make ``directory`` if missing; a usage error if it cannot be one, or cannot be written."""
     if os.path.exists(directory) and not os.path.isdir(directory):
         die(f"--cache-dir {directory} is not a directory")
@@ -127,13 +129,13 @@ def _cache_directory(directory):
         die(f"--cache-dir {directory}: the directory is not writable")
 
 
-def run(args):
+def run(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         die(f"--jobs must be at least 1, not {args.jobs}")
     urls = list(dict.fromkeys(expand_inputs(args.shards)))  # each shard once, in order
     _cache_directory(args.cache_dir)
     cache = FileCache(args.cache_dir, validator=None)  # prefetch reads every cache file whole instead
-    results = []
+    results: List[Dict[str, Any]] = []
     with Progress("cache", total=len(urls), unit="shards", quiet=args.quiet) as progress, \
             ThreadPoolExecutor(max_workers=args.jobs) as pool:
         for result in pool.map(functools.partial(prefetch, cache), urls):

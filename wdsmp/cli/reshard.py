@@ -13,11 +13,13 @@ gives that exact permutation of any amount of data holding about SIZE of it at o
 go through temporary shards on disk first (``scatter.py``).
 """
 
+import argparse
 import collections
 import os
 import random
 import sys
 import time
+from typing import Iterable, Optional, cast
 
 from ..filters import shuffle
 from .common import Progress, add_common, die, expand_inputs, print_json
@@ -29,7 +31,7 @@ from .scatter import bucket_count, scatter_shuffled
 DEFAULT_BUFFER = 1000
 
 
-def add_parser(subparsers):
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     for name, series, summary in (
         ("cat", False, "Concatenate the samples of shards into one archive"),
         ("split", True, "Reshard samples into a series of shards (-o out-%06d.tar)"),
@@ -53,7 +55,7 @@ def add_parser(subparsers):
         parser.set_defaults(func=run)
 
 
-def run(args):
+def run(args: argparse.Namespace) -> int:
     series = args.command == "split"
     if series != is_pattern(args.output):
         die("split writes a series: give -o a pattern such as out-%06d.tar" if series else
@@ -65,7 +67,7 @@ def run(args):
     check_summary_target(args)
     urls = expand_inputs(args.shards)
     started = time.monotonic()
-    tally = collections.Counter()
+    tally: "collections.Counter[str]" = collections.Counter()
     if args.shuffle:
         rng = random.Random(0 if args.seed is None else args.seed)
         rng.shuffle(urls)
@@ -92,15 +94,15 @@ def run(args):
     return 0
 
 
-def _local_bytes(urls):
+def _local_bytes(urls: Iterable[str]) -> Optional[int]:
     """The inputs' size in bytes when all are local files, else None."""
     paths = [local_path(url) for url in urls]
     if any(path is None or not os.path.isfile(path) for path in paths):
         return None
-    return sum(os.path.getsize(path) for path in paths)
+    return sum(os.path.getsize(cast(str, path)) for path in paths)  # none is None: checked above
 
 
-def _scratch(output):
+def _scratch(output: str) -> str:
     """Where temporary shards go: beside a local output (the same disk), else in the current
     directory (not the system's temporary directory, often memory)."""
     path = local_path(output % 0 if is_pattern(output) else output)

@@ -20,8 +20,10 @@ import collections
 import json
 import math
 import os
+import random
 import shutil
 import tempfile
+from typing import Any, Dict, Iterable, Iterator, Mapping, Optional
 
 from ..writer import TarWriter
 from .listing import read_samples
@@ -31,7 +33,7 @@ __all__ = ["bucket_count", "scatter_shuffled"]
 MAX_BUCKETS = 256  # temporary shards open at once: well inside the usual limit of 1,024 files
 
 
-def bucket_count(data_bytes, memory):
+def bucket_count(data_bytes: Optional[int], memory: int) -> int:
     """K for ``data_bytes`` of samples (None: unknown) and ``memory`` bytes: temporary shards of
     half the memory on average, so that few need a second scatter."""
     if data_bytes is None:
@@ -39,7 +41,8 @@ def bucket_count(data_bytes, memory):
     return max(2, min(MAX_BUCKETS, math.ceil(2 * data_bytes / memory)))
 
 
-def scatter_shuffled(samples, memory, rng, directory, buckets):
+def scatter_shuffled(samples: Iterable[Dict[str, Any]], memory: int, rng: random.Random, directory: str,
+                     buckets: int) -> Iterator[Dict[str, Any]]:
     """``samples`` (dicts of bytes, as ``read_samples`` gives them) in a uniformly random order
     drawn from ``rng``, holding at most about ``memory`` bytes of them at once; temporary shards
     in ``directory``, ``buckets`` of them for the first scatter."""
@@ -53,33 +56,34 @@ def scatter_shuffled(samples, memory, rng, directory, buckets):
 class _Bucket:
     """A temporary shard and the list of its samples' own keys beside it."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         self.path, self.size, self.count = path, 0, 0
         self.writer = TarWriter(open(path, "wb"), encoder=False, keep_meta=True)
         self.keys = open(path + ".keys", "w")
 
-    def write(self, sample):
+    def write(self, sample: Mapping[str, Any]) -> None:
         self.keys.write(json.dumps(sample["__key__"]) + "\n")
         self.size += self.writer.write(dict(sample, __key__=f"{self.count:012d}"))
         self.count += 1
 
-    def close(self):
+    def close(self) -> None:
         self.writer.close()
         self.keys.close()
 
-    def samples(self):
+    def samples(self) -> Iterator[Dict[str, Any]]:
         """The samples written, in order, with their own keys."""
         with open(self.path + ".keys") as keys:
             for sample, key in zip(read_samples([self.path], collections.Counter()), keys):
                 sample["__key__"] = json.loads(key)
                 yield sample
 
-    def remove(self):
+    def remove(self) -> None:
         os.unlink(self.path)
         os.unlink(self.path + ".keys")
 
 
-def _scatter(samples, memory, rng, directory, buckets):
+def _scatter(samples: Iterable[Dict[str, Any]], memory: int, rng: random.Random, directory: str,
+             buckets: int) -> Iterator[Dict[str, Any]]:
     parts = [_Bucket(os.path.join(directory, f"{i:03d}.tar")) for i in range(buckets)]
     try:
         for sample in samples:

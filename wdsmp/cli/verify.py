@@ -18,11 +18,12 @@ wrong pixels without a word (JPEG has no checksum: damage libjpeg-turbo does not
 goes unseen).
 """
 
+import argparse
 import hashlib
 import io
 import os
 from dataclasses import asdict, dataclass, field
-from typing import List, Optional
+from typing import IO, Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple, TypeVar, Union
 
 from ..autodecode import ImageHandler
 from ..errors import SampleError, TarFormatError
@@ -31,6 +32,8 @@ from ..gopen import gopen, local_path
 from ..shards.index import read_entries
 from ..tariterators import base_plus_ext, group_by_keys, tar_file_expander
 from .common import Progress, add_common, die, distinct_shards, expand_inputs, print_json
+
+_T = TypeVar("_T")
 
 __all__ = ["Problem", "ShardReport", "add_parser", "check_shard", "open_counted", "run"]
 
@@ -49,13 +52,13 @@ class Problem:
     offset: Optional[int] = None
 
     @classmethod
-    def from_error(cls, shard, exn):
+    def from_error(cls, shard: str, exn: BaseException) -> "Problem":
         """From an error of the reader, which carries member and offset (wdsmp.errors)."""
         kind = "tar" if isinstance(exn, TarFormatError) else "sample" if isinstance(exn, SampleError) else "read"
         return cls(shard, kind, getattr(exn, "problem", None) or str(exn),
                    getattr(exn, "member", None), getattr(exn, "offset", None))
 
-    def __str__(self):
+    def __str__(self) -> str:
         where = "".join([f", member {self.member!r}" if self.member is not None else "",
                          f", offset {self.offset}" if self.offset is not None else ""])
         return f"{self.shard}{where}: {self.message}"
@@ -77,10 +80,10 @@ class ShardReport:
     notes: List[Problem] = field(default_factory=list)
 
     @property
-    def complete(self):
+    def complete(self) -> bool:
         return not any(p.kind in ("read", "tar") for p in self.problems)
 
-    def record(self, exn):
+    def record(self, exn: BaseException) -> bool:
         """The reader's ``handler``: note the problem and go on; anything else than damage
         (a bug, not the data) is raised."""
         if not isinstance(exn, (OSError, ValueError)):
@@ -94,16 +97,17 @@ class _Counted(io.RawIOBase):
     from the pass that checks the tar. Closing it leaves the source open: :meth:`finish`
     reads what the tar reader left unread (after damage) and closes it."""
 
-    def __init__(self, source, hashed):
+    def __init__(self, source: IO[bytes], hashed: bool) -> None:
         super().__init__()
         self.source = source
         self.size = 0
         self.hash = hashlib.sha256() if hashed else None
 
-    def readable(self):
+    def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer):
+    # BufferedReader passes a memoryview, finish() a bytearray: narrower than RawIOBase's writable buffers
+    def readinto(self, buffer: Union[bytearray, memoryview]) -> int:  # type: ignore[override]
         chunk = self.source.read(len(buffer))
         n = len(chunk)
         memoryview(buffer).cast("B")[:n] = chunk
@@ -112,7 +116,7 @@ class _Counted(io.RawIOBase):
             self.hash.update(chunk)
         return n
 
-    def finish(self):
+    def finish(self) -> Tuple[Optional[int], Optional[str]]:
         """``(size, sha256 or None)`` of the whole source, or ``(None, None)`` when the rest
         cannot be read (the read error was already reported by the tar reader)."""
         buffer = bytearray(1 << 20)
@@ -127,13 +131,13 @@ class _Counted(io.RawIOBase):
         return self.size, self.hash.hexdigest() if self.hash is not None else None
 
 
-def open_counted(url, hashed=False):
+def open_counted(url: str, hashed: bool = False) -> Tuple[io.BufferedReader, _Counted]:
     """``url`` opened with gopen, as ``(buffered stream, counter)``; see ``_Counted``."""
     counter = _Counted(gopen(url), hashed)
     return io.BufferedReader(counter, 1 << 16), counter
 
 
-def _noted(members, report):
+def _noted(members: Iterable[_T], report: ShardReport) -> Iterator[_T]:
     """Members passed through; each link member is noted in ``report`` (NOTE [tar links] in
     ``wdsmp.formats.tar``): wdsmp gives it the data of the member it names, other readers drop it."""
     for member in members:
@@ -145,13 +149,14 @@ def _noted(members, report):
         yield member
 
 
-def _located(members, places):
+def _located(members: Iterable[_T], places: Dict[Tuple[str, str], Tuple[str, int]]) -> Iterator[_T]:
     """Members passed through, each member's name and offset noted by (key, field), so that
     a field that fails to decode can be named as the reader names damage."""
     for member in members:
         if isinstance(member, dict):
             key, ext = base_plus_ext(member["fname"])
             if key is not None:
+                assert ext is not None  # base_plus_ext gives an extension with every key
                 places[key, ext.lower()] = (member["fname"], member["__offset__"])
         yield member
 
@@ -159,7 +164,7 @@ def _located(members, places):
 _IMAGES = ImageHandler("rgb8")
 
 
-def _jpeg_damage(data):
+def _jpeg_damage(data: bytes) -> Optional[str]:
     """What strict libjpeg-turbo says against a JPEG the lenient decoders accepted, or None.
     Decoded at 1/8 scale: the entropy data is read whole, and that is where damage shows."""
     import simplejpeg
@@ -173,7 +178,8 @@ def _jpeg_damage(data):
     return None
 
 
-def _decode_problems(url, sample, places):
+def _decode_problems(url: str, sample: Mapping[str, Any],
+                     places: Dict[Tuple[str, str], Tuple[str, int]]) -> Iterator[Problem]:
     """Problems of the images in ``sample``, each named by its member and offset."""
     from PIL import UnidentifiedImageError
 
@@ -197,7 +203,7 @@ def _decode_problems(url, sample, places):
             yield Problem(url, "decode", f"damaged JPEG data (libjpeg-turbo: {damage})", member, offset)
 
 
-def check_shard(url, decode=False, hashed=False):
+def check_shard(url: str, decode: bool = False, hashed: bool = False) -> ShardReport:
     """Read the shard at ``url`` as the loaders do; a :class:`ShardReport`."""
     report = ShardReport(url)
     try:
@@ -205,7 +211,7 @@ def check_shard(url, decode=False, hashed=False):
     except (OSError, ValueError) as exn:
         report.record(exn)
         return report
-    places = {}
+    places: Dict[Tuple[str, str], Tuple[str, int]] = {}
     members = tar_file_expander([{"url": url, "stream": stream}], handler=report.record, boundaries=True)
     members = _noted(members, report)
     if decode:
@@ -218,13 +224,13 @@ def check_shard(url, decode=False, hashed=False):
     return report
 
 
-def _place(url):
+def _place(url: str) -> str:
     """A shard's identity for matching it with a manifest entry."""
     path = local_path(url)
     return os.path.abspath(path) if path is not None else url
 
 
-def _index_problems(report, entry, index):
+def _index_problems(report: ShardReport, entry: Optional[Mapping[str, Any]], index: str) -> Iterator[Problem]:
     url = report.url
     if entry is None:
         yield Problem(url, "index", f"not listed in the index {index}")
@@ -237,7 +243,7 @@ def _index_problems(report, entry, index):
         yield Problem(url, "index", f"sha256 {report.sha256}, the index says {entry['sha256']}")
 
 
-def _unchecked(entries, urls):
+def _unchecked(entries: Mapping[str, Mapping[str, Any]], urls: Iterable[str]) -> Optional[str]:
     """What the manifest could not check in the shards ``urls``, as a sentence, or None."""
     listed = [entries[_place(url)] for url in urls if _place(url) in entries]
     missing = [f"{what} ({sum(key not in e for e in listed)} of {len(listed)} shards)" if any(key in e for e in listed)
@@ -249,7 +255,7 @@ def _unchecked(entries, urls):
             f"pass unseen (`wdsmp index` writes a manifest with both)")
 
 
-def add_parser(subparsers):
+def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     parser = subparsers.add_parser(
         "verify", help="check shards: tar structure, samples, images, against an index",
         description="Read shards as wdsmp's loaders do and report every problem: tar damage (truncation, "
@@ -267,18 +273,21 @@ def add_parser(subparsers):
     parser.set_defaults(func=run)
 
 
-def run(args):
+def run(args: argparse.Namespace) -> int:
     if not args.shards and args.index is None:
         die("give the shards to check, or --index to check the shards it lists")
-    entries = None
+    entries: Optional[Dict[str, Dict[str, Any]]] = None
     if args.index is not None:
         entries = {_place(entry["url"]): entry for entry in read_entries(args.index)}
     if args.shards:  # a missing file is a problem of its shard, reported with the others'
         urls = distinct_shards(expand_inputs(args.shards, missing_ok=True, index_option='--index'))[0]
     else:
+        assert entries is not None  # no shards: --index gives them, as checked above
         urls = [entry["url"] for entry in entries.values()]
     hashed = entries is not None and any("sha256" in entry for entry in entries.values())
     unchecked = _unchecked(entries, urls) if entries is not None else None
+    problems: List[Problem]
+    notes: List[Problem]
     problems, notes, samples, nbytes, bad = [], [], 0, 0, 0
     with Progress("verify", total=len(urls), unit="shards", quiet=args.quiet) as progress:
         for url in urls:

@@ -19,7 +19,7 @@ import io
 import json
 import pickle
 import zipfile
-from typing import Any
+from typing import Any, Callable, Dict, Iterable, Mapping, Union
 
 import numpy as np
 
@@ -43,10 +43,14 @@ __all__ = [
 JPEG_QUALITY = 100  # what webdataset writes (through PIL, which also subsamples chroma 4:2:0)
 _BYTES_LIKE = (bytes, bytearray, memoryview)
 
+_Encoder = Callable[[Any], bytes]  # a field value -> its bytes
+_Sample = Dict[str, Any]
+_SampleEncoder = Callable[[_Sample], _Sample]
+
 # Image encoding.
 
 
-def _image_array(image):
+def _image_array(image: Any) -> np.ndarray:
     """An array fit for an image codec: floats in [0, 1] scaled to uint8, HxWx1 squeezed."""
     array = np.asarray(image)
     if array.dtype.kind == "f":
@@ -78,7 +82,7 @@ _PIL_FORMATS = {
 }
 
 
-def imageencoder(image, format="PNG"):  # noqa: A002 (webdataset's parameter name)
+def imageencoder(image: Any, format: str = "PNG") -> bytes:  # noqa: A002 (webdataset's parameter name)
     """Compress an image (PIL image or array, uint8 or float in [0, 1]) with Pillow."""
     from PIL import Image
 
@@ -97,7 +101,7 @@ def imageencoder(image, format="PNG"):  # noqa: A002 (webdataset's parameter nam
         return result.getvalue()
 
 
-def _encode_jpeg(image):
+def _encode_jpeg(image: Any) -> bytes:
     """JPEG: arrays through libjpeg-turbo (simplejpeg), PIL images through Pillow."""
     if not isinstance(image, np.ndarray):
         return imageencoder(image, "JPEG")
@@ -114,7 +118,7 @@ def _encode_jpeg(image):
 # Other encoders.
 
 
-def bytestr(data):
+def bytestr(data: Any) -> bytes:
     """Bytes as they are, anything else as its ``str`` in ASCII."""
     if isinstance(data, bytes):
         return data
@@ -130,15 +134,15 @@ def torch_dumps(data: Any) -> bytes:
     return stream.getvalue()
 
 
-def _encode_int(data):
+def _encode_int(data: Any) -> bytes:
     return str(data).encode("ascii")
 
 
-def _encode_text(data):
+def _encode_text(data: str) -> bytes:
     return data.encode("utf-8")
 
 
-def _encode_json(data):
+def _encode_json(data: Any) -> bytes:
     return json.dumps(data).encode("utf-8")
 
 
@@ -149,7 +153,7 @@ def numpy_dumps(data: Any) -> bytes:
     return stream.getvalue()
 
 
-def numpy_npz_dumps(data):
+def numpy_npz_dumps(data: Any) -> bytes:
     """A dict of arrays (or one array, as ``arr_0``) in ``.npz`` format.
 
     Like ``np.savez_compressed``, but with fixed zip timestamps, so the same
@@ -169,36 +173,36 @@ def numpy_npz_dumps(data):
     return stream.getvalue()
 
 
-def tenbin_dumps(x):
+def tenbin_dumps(x: Any) -> bytes:
     """An array, or a list of arrays, in tenbin format (``.ten``), as bytes."""
     from .. import tenbin
 
     return bytes(tenbin.encode_buffer(list(x) if isinstance(x, (list, tuple)) else [x]))
 
 
-def mp_dumps(x):
+def mp_dumps(x: Any) -> bytes:
     """MessagePack bytes; msgpack is imported only when a ``.mp`` field is written."""
     import msgpack
 
     return msgpack.packb(x, use_bin_type=True)
 
 
-def cbor_dumps(x):
+def cbor_dumps(x: Any) -> bytes:
     """CBOR bytes, with cbor2 (webdataset imports the older ``cbor`` package)."""
     import cbor2
 
     return cbor2.dumps(x)
 
 
-def add_handlers(d, keys, value):
+def add_handlers(d: Dict[str, _Encoder], keys: Union[str, Iterable[str]], value: _Encoder) -> None:
     """Register ``value`` in table ``d`` under each extension in ``keys`` (a list or a spaced string)."""
     for key in keys.split() if isinstance(keys, str) else keys:
         d[key] = value
 
 
-def make_handlers():
+def make_handlers() -> Dict[str, _Encoder]:
     """A fresh extension -> encoder table (the one ``encoder=True`` uses)."""
-    handlers = {}
+    handlers: Dict[str, _Encoder] = {}
     add_handlers(handlers, "cls cls2 class count index inx id", _encode_int)
     add_handlers(handlers, "txt text transcript html htm", _encode_text)
     add_handlers(handlers, "pyd pickle", pickle.dumps)
@@ -219,7 +223,7 @@ def make_handlers():
 default_handlers = make_handlers()
 
 
-def encode_based_on_extension1(data, tname, handlers):
+def encode_based_on_extension1(data: Any, tname: str, handlers: Mapping[str, _Encoder]) -> Any:
     """Encode one value by the extension of its field name ``tname``.
 
     Bytes pass through untouched, str becomes UTF-8 (whatever the extension, as
@@ -246,10 +250,10 @@ def encode_based_on_extension1(data, tname, handlers):
     return handler(data)
 
 
-def encode_based_on_extension(sample, handlers):
+def encode_based_on_extension(sample: _Sample, handlers: Mapping[str, _Encoder]) -> _Sample:
     """Encode every field of a sample; errors name the sample key and the field."""
     key = sample.get("__key__")
-    result = {}
+    result: _Sample = {}
     for field, value in sample.items():
         where = f"cannot encode sample {key!r}, field {field!r}"
         try:
@@ -261,11 +265,11 @@ def encode_based_on_extension(sample, handlers):
     return result
 
 
-def _no_encoding(sample):
+def _no_encoding(sample: _Sample) -> _Sample:
     return sample
 
 
-def make_encoder(spec):
+def make_encoder(spec: Union[bool, None, Dict[str, _Encoder], _SampleEncoder]) -> _SampleEncoder:
     """A sample encoder from True (default handlers), False/None (none), a handler dict, or a callable."""
     if spec is True:
         return functools.partial(encode_based_on_extension, handlers=default_handlers)

@@ -16,6 +16,8 @@ counts little-endian; a pickle starts with ``\\x80``, never with ``MAGIC``.
 
 import pickle
 import struct
+from types import ModuleType
+from typing import Any, List, Optional, Union
 
 import numpy as np
 
@@ -29,24 +31,26 @@ _LENGTH = struct.Struct("<Q")
 _INT = struct.Struct("<q")
 _FLOAT = struct.Struct("<d")
 
+_Buffer = Union[bytes, bytearray, memoryview]
+
 
 class NotPlain(TypeError):
     """A value the plain format does not hold."""
 
 
-def encode_plain(value):
+def encode_plain(value: Any) -> bytes:
     """``value`` in the plain format (``MAGIC`` first); NotPlain when it holds anything else."""
     out = [MAGIC]
     _encode(value, out, 0)
     return b"".join(out)
 
 
-def _text(out, text):
+def _text(out: List[bytes], text: str) -> None:
     data = text.encode("utf-8", "surrogatepass")
     out += [_LENGTH.pack(len(data)), data]
 
 
-def _encode(value, out, depth):
+def _encode(value: Any, out: List[bytes], depth: int) -> None:
     if depth > _MAX_DEPTH:
         raise NotPlain("nested too deeply")
     kind = type(value)
@@ -97,7 +101,7 @@ def _encode(value, out, depth):
         raise NotPlain(f"a {kind.__module__}.{kind.__qualname__}")
 
 
-def _array(out, array):
+def _array(out: List[bytes], array: np.ndarray) -> None:
     if array.dtype.hasobject:
         raise NotPlain("an array of Python objects")
     _text(out, array.dtype.str)
@@ -107,17 +111,17 @@ def _array(out, array):
     out += [_LENGTH.pack(len(data)), data]
 
 
-def _is_tensor(value):
+def _is_tensor(value: object) -> bool:
     torch = _loaded("torch")
     return torch is not None and isinstance(value, torch.Tensor)
 
 
-def _is_image(value):
+def _is_image(value: object) -> bool:
     image = _loaded("PIL.Image")
     return image is not None and isinstance(value, image.Image)
 
 
-def _loaded(name):
+def _loaded(name: str) -> Optional[ModuleType]:
     """A module, if the program imported it (a value of its types cannot exist otherwise)."""
     import sys
 
@@ -127,23 +131,23 @@ def _loaded(name):
 class _Reader:
     """Reads a plain value from bytes; every length is checked against what is there."""
 
-    def __init__(self, data):
+    def __init__(self, data: _Buffer) -> None:
         self.data, self.pos = memoryview(data), len(MAGIC)
 
-    def take(self, n):
+    def take(self, n: int) -> memoryview:
         if n < 0 or self.pos + n > len(self.data):
             raise ValueError("a plain sample record that ends too soon")
         chunk = self.data[self.pos:self.pos + n]
         self.pos += n
         return chunk
 
-    def length(self):
+    def length(self) -> int:
         return _LENGTH.unpack(self.take(8))[0]
 
-    def text(self):
+    def text(self) -> str:
         return bytes(self.take(self.length())).decode("utf-8", "surrogatepass")
 
-    def array(self):
+    def array(self) -> np.ndarray:
         dtype = np.dtype(self.text())
         if dtype.hasobject:
             raise ValueError("a plain sample record with an object array")
@@ -151,7 +155,7 @@ class _Reader:
         data = bytes(self.take(self.length()))
         return np.frombuffer(data, dtype).reshape(shape).copy()
 
-    def value(self, depth=0):
+    def value(self, depth: int = 0) -> Any:
         if depth > _MAX_DEPTH:
             raise ValueError("a plain sample record nested too deeply")
         tag = bytes(self.take(1))
@@ -201,7 +205,7 @@ class _Reader:
         raise ValueError(f"a plain sample record with an unknown tag {tag!r}")
 
 
-def decode_plain(data):
+def decode_plain(data: _Buffer) -> Any:
     """The value ``encode_plain`` wrote; ValueError for anything else."""
     if bytes(data[:len(MAGIC)]) != MAGIC:
         raise ValueError("not a plain sample record")
@@ -217,10 +221,10 @@ class SampleCodec:
     otherwise, and no pickle at all in secure mode (see the module docstring). ``where``
     names the cache in errors."""
 
-    def __init__(self, where="the cache"):
+    def __init__(self, where: str = "the cache") -> None:
         self.where = where
 
-    def dumps(self, sample):
+    def dumps(self, sample: Any) -> bytes:
         try:
             return encode_plain(sample)
         except NotPlain as exn:
@@ -230,7 +234,7 @@ class SampleCodec:
                                  f"holds {exn}, which would need pickle") from exn
             return pickle.dumps(sample, protocol=pickle.HIGHEST_PROTOCOL)
 
-    def loads(self, data):
+    def loads(self, data: _Buffer) -> Any:
         if bytes(data[:len(MAGIC)]) == MAGIC:
             return decode_plain(data)
         if env.secure():

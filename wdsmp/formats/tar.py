@@ -8,6 +8,7 @@ errors and agree on pax headers by construction.
 """
 
 import posixpath
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from .._internal import env
 from ..errors import TarFormatError
@@ -44,7 +45,7 @@ PAX_GLOBAL = b"g"
 GZIP_MAGIC = b"\x1f\x8b"
 
 
-def header_number(field):
+def header_number(field: bytes) -> int:
     """A numeric header field: octal text or GNU base-256; -1 when invalid."""
     if field[0] & 0x80:
         if field[0] == 0xFF:
@@ -60,7 +61,7 @@ def header_number(field):
     return value if value <= MAX_MEMBER_SIZE * 8 else -1
 
 
-def checksum_ok(header):
+def checksum_ok(header: bytes) -> bool:
     """The stored checksum of a header block matches its bytes, the checksum field
     counted as spaces (some old writers summed signed chars: either sum will do)."""
     stored = header_number(header[148:156])
@@ -70,7 +71,7 @@ def checksum_ok(header):
     return stored >= 0 and stored in (unsigned, signed)
 
 
-def member_size_limit(value=None, name="max_member_size"):
+def member_size_limit(value: Optional[int] = None, name: str = "max_member_size") -> int:
     """The cap on one member's size (or a decompressed field's): ``value`` (the argument
     ``name``), else ``WDSMP_MAX_MEMBER_SIZE``, else :data:`DEFAULT_MAX_MEMBER_SIZE`."""
     if value is None:
@@ -78,18 +79,18 @@ def member_size_limit(value=None, name="max_member_size"):
     return min(positive_int(value, name), MAX_MEMBER_SIZE)
 
 
-def decode_name(raw):
+def decode_name(raw: bytes) -> str:
     """Member names are bytes in the archive; undecodable bytes survive a round trip."""
     return raw.decode("utf-8", "surrogateescape")
 
 
-def parse_pax(data, url, offset):
+def parse_pax(data: bytes, url: Optional[str], offset: int) -> Dict[str, Any]:
     """Parse a pax extended header into ``{"path": str, "linkpath": str, "size": int}``
     (only those keys).
 
     Records are ``"LEN key=value\\n"``, LEN counting the whole record.
     """
-    result = {}
+    result: Dict[str, Any] = {}
     pos = 0
     n = len(data)
     while pos < n:
@@ -134,7 +135,8 @@ def parse_pax(data, url, offset):
 # defines, are TarFormatErrors naming the member, never silently dropped.
 
 
-def resolve_link(url, typeflag, name, target, offset, recent):
+def resolve_link(url: Optional[str], typeflag: bytes, name: str, target: str, offset: int,
+                 recent: Sequence[Tuple[str, Optional[bytes], int]]) -> Tuple[Optional[bytes], int]:
     """``(data, size)`` of link member ``name`` (``typeflag`` 1 or 2) naming ``target``, from
     ``recent``: ``[(name, data, size)]`` of the members a splitter holds, oldest first (NOTE
     [tar links]; ``data`` is None where only headers are read). A TarFormatError when the
@@ -157,43 +159,44 @@ def resolve_link(url, typeflag, name, target, offset, recent):
 # of the header block where the problem starts.
 
 
-def empty_file(url):
+def empty_file(url: Optional[str]) -> TarFormatError:
     return TarFormatError("empty file (0 bytes): not a tar archive", url, offset=0)
 
 
-def not_a_tar(url, head):
+def not_a_tar(url: Optional[str], head: bytes) -> TarFormatError:
     return TarFormatError(f"not a tar archive (starts with {bytes(head[:24])!r})", url, offset=0)
 
 
-def bad_checksum(url, offset):
+def bad_checksum(url: Optional[str], offset: int) -> TarFormatError:
     return TarFormatError("bad tar header checksum: corrupt archive", url, offset=offset)
 
 
-def bad_number(url, offset, field):
+def bad_number(url: Optional[str], offset: int, field: str) -> TarFormatError:
     return TarFormatError(f"bad tar header: invalid {field} field", url, offset=offset)
 
 
-def bad_pax(url, offset):
+def bad_pax(url: Optional[str], offset: int) -> TarFormatError:
     return TarFormatError("bad pax extended header", url, offset=offset)
 
 
-def unsupported_sparse(url, name, offset):
+def unsupported_sparse(url: Optional[str], name: Optional[str], offset: int) -> TarFormatError:
     return TarFormatError("unsupported tar member type: GNU sparse file", url, name, offset)
 
 
-def unsupported_type(url, name, offset, typeflag):
+def unsupported_type(url: Optional[str], name: Optional[str], offset: int, typeflag: bytes) -> TarFormatError:
     """A member that is no file (a device, a FIFO) or of a type no standard defines."""
     what = SPECIAL_TYPES.get(typeflag, "an unknown type")
     return TarFormatError(f"unsupported tar member type {typeflag.decode('latin-1')!r} ({what}): not file data "
                           f"a sample can hold", url, name, offset)
 
 
-def member_too_large(url, name, offset, size, limit):
+def member_too_large(url: Optional[str], name: Optional[str], offset: int, size: int,
+                     limit: int) -> TarFormatError:
     return TarFormatError(f"member of {size} bytes, more than the {limit} bytes one member may hold "
                           f"(max_member_size, or WDSMP_MAX_MEMBER_SIZE): refusing to read it", url, name, offset)
 
 
-def truncated_header(url, offset, got):
+def truncated_header(url: Optional[str], offset: int, got: int) -> TarFormatError:
     return TarFormatError(
         f"truncated tar archive: stream ended inside a header block ({got} of {BLOCK} bytes)",
         url,
@@ -201,7 +204,8 @@ def truncated_header(url, offset, got):
     )
 
 
-def truncated_member(url, name, offset, got, need):
+def truncated_member(url: Optional[str], name: Optional[str], offset: int, got: int,
+                     need: int) -> TarFormatError:
     """``need`` counts the member's data and its padding to a whole block."""
     return TarFormatError(
         f"truncated tar archive: member ended after {got} of {need} bytes (data and padding)",
@@ -211,7 +215,7 @@ def truncated_member(url, name, offset, got, need):
     )
 
 
-def missing_end_marker(url, offset):
+def missing_end_marker(url: Optional[str], offset: int) -> TarFormatError:
     return TarFormatError(
         "truncated tar archive: stream ended at a member boundary "
         "without the end-of-archive marker",

@@ -1,7 +1,12 @@
 """``DecodedSamples``: what ``autodecode.Decoder(...)(dataset)`` returns, a torch dataset of the
 decoded samples. Apart from ``autodecode`` so that decoding itself does not import torch."""
 
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, Union
+
 from torch.utils.data import IterableDataset
+
+if TYPE_CHECKING:
+    from ..autodecode import Decoder
 
 __all__ = ["DecodedSamples"]
 
@@ -14,16 +19,17 @@ class DecodedSamples(IterableDataset):
     two travel, so it pickles for DataLoader workers whenever they do.
     """
 
-    def __init__(self, samples, decoder):
+    def __init__(self, samples: Union[Iterable[Dict[str, Any]], Callable[[], Iterable[Dict[str, Any]]]],
+                 decoder: "Decoder") -> None:
         super().__init__()
         self.samples, self.decoder = samples, decoder
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
         samples = self.samples if hasattr(self.samples, "__iter__") else self.samples()
         for sample in samples:
             yield self.decoder.decode(sample)
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Passed on to the samples' dataset, if it has epochs."""
         if hasattr(self.samples, "set_epoch"):
             self.samples.set_epoch(epoch)

@@ -50,16 +50,22 @@ is raised there, not by ``decode``. Needs Pillow 11.2 or later (images over shar
 """
 
 import threading
+from typing import (TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, SupportsIndex, Tuple, Union,
+                    cast)
 
 import PIL.Image
 
 from ..native import core as native
 from .size import MAX_PIXELS, MAX_SIDE
 
+if TYPE_CHECKING:
+    import numpy as np
+    from PIL._imaging import ImagingCore, PixelAccess
+
 __all__ = ["LazyJpegImage", "crop_region", "one_clean_scan", "resize_region"]
 
 # Resampling filters and the support of their kernels (Pillow's Resample.c); others decode whole.
-_SUPPORT = {
+_SUPPORT: Dict[int, float] = {
     PIL.Image.Resampling.NEAREST: 0.0,
     PIL.Image.Resampling.BOX: 0.5,
     PIL.Image.Resampling.BILINEAR: 1.0,
@@ -85,7 +91,7 @@ _REGION_SHARE = 0.75
 _SWITCH = threading.Lock()
 
 
-def one_clean_scan(data):
+def one_clean_scan(data: Union[bytes, bytearray, memoryview]) -> bool:
     """Whether a JPEG's image data is one scan that runs from its only start-of-scan marker
     to the end-of-image marker that ends the file, with no other marker in it (NOTE [damage past
     the region]); False without the region decoder, whose ``find_marker`` scans the data."""
@@ -107,7 +113,7 @@ def one_clean_scan(data):
     return False
 
 
-def _box4(box):
+def _box4(box: Any) -> Optional[Tuple[float, float, float, float]]:
     """``box`` as four floats, or None when it is not four real numbers."""
     try:
         x0, y0, x1, y1 = (float(v) for v in box)
@@ -116,7 +122,7 @@ def _box4(box):
     return x0, y0, x1, y1
 
 
-def crop_region(size, box):
+def crop_region(size: Tuple[int, int], box: Optional[Sequence[float]]) -> Optional[Tuple[int, int, int, int]]:
     """``(top, left, bottom, right)``: the pixels ``Image.crop(box)`` of an image of ``size``
     reads (Pillow rounds the box, then copies the part inside the image); None when it reads
     none or the box is not one Pillow takes."""
@@ -129,7 +135,8 @@ def crop_region(size, box):
     return (top, left, bottom, right) if top < bottom and left < right else None
 
 
-def resize_region(size, out_size, resample, box):
+def resize_region(size: Tuple[int, int], out_size: Iterable[Any], resample: Optional[int],
+                  box: Optional[Sequence[float]]) -> Optional[Tuple[int, int, int, int]]:
     """``(top, left, bottom, right)``: a region holding every pixel ``Image.resize(out_size,
     resample, box)`` of an RGB image of ``size`` reads (NOTE [region geometry]); None for a
     call it cannot bound (no box, a filter of unknown support, arguments Pillow refuses)."""
@@ -156,46 +163,47 @@ class LazyJpegImage(PIL.Image.Image):
     ``crop`` and ``resize``, the whole image (by ``whole()``, which returns the image
     ``decode("pil")`` gives) for anything else, after which this is a plain image."""
 
-    def __init__(self, jpeg, size, info, whole):
+    def __init__(self, jpeg: bytes, size: Tuple[int, int], info: Dict[Union[str, Tuple[int, int]], Any],
+                 whole: Callable[[], PIL.Image.Image]) -> None:
         super().__init__()
-        self._mode, self._size, self.info = "RGB", tuple(size), info
+        self._mode, self._size, self.info = "RGB", cast(Tuple[int, int], tuple(size)), info
         self.readonly = 1  # as the whole decode's image over shared memory: an in-place change copies
         self._jpeg, self._whole, self._region_pixels = jpeg, whole, 0
 
     # -- the whole image: any use of the pixels but crop and resize --------------------------
     @property
-    def im(self):
+    def im(self) -> "ImagingCore":
         _decode_whole(self)
         return self.im
 
     @im.setter
-    def im(self, im):
+    def im(self, im: "ImagingCore") -> None:
         _become_plain(self)
         self.im = im
 
-    def load(self):
+    def load(self) -> Optional["PixelAccess"]:
         _decode_whole(self)
         return self.load()
 
-    def close(self):
+    def close(self) -> None:
         _become_plain(self)
         self.close()
 
-    def __eq__(self, other):
+    def __eq__(self, other: object) -> bool:
         if other.__class__ not in (PIL.Image.Image, LazyJpegImage):
             return False  # as Pillow's __eq__ says, without decoding
         self.load()
-        other.load()
+        cast(PIL.Image.Image, other).load()
         return self == other
 
     __hash__ = None  # type: ignore[assignment]  # unhashable, as Pillow's images are
 
-    def __reduce_ex__(self, protocol):
+    def __reduce_ex__(self, protocol: SupportsIndex) -> Union[str, Tuple[Any, ...]]:
         self.load()  # pickles as the plain image it becomes
         return self.__reduce_ex__(protocol)
 
     # -- regions -----------------------------------------------------------------------------
-    def crop(self, box=None):
+    def crop(self, box: Optional[Tuple[float, float, float, float]] = None) -> PIL.Image.Image:
         """Pillow's ``crop``, decoding only the pixels inside ``box``."""
         region = None if box is None else crop_region(self.size, box)
         partial = _partial(self, region)
@@ -204,7 +212,9 @@ class LazyJpegImage(PIL.Image.Image):
             return self.crop(box)
         return PIL.Image.Image.crop(partial, box)
 
-    def resize(self, size, resample=None, box=None, reducing_gap=None):
+    def resize(self, size: Union[Tuple[int, int], List[int], "np.ndarray"], resample: Optional[int] = None,
+               box: Optional[Tuple[float, float, float, float]] = None,
+               reducing_gap: Optional[float] = None) -> PIL.Image.Image:
         """Pillow's ``resize``, decoding only the pixels its filter reads around ``box``."""
         region = None if reducing_gap is not None else resize_region(self.size, size, resample, box)
         partial = _partial(self, region)
@@ -217,7 +227,7 @@ class LazyJpegImage(PIL.Image.Image):
 # A lazy image's state is read and switched by these functions, not its methods: another thread
 # may switch its class to the plain one between a method's lookup and its call (NOTE [threads]).
 
-def _decode_whole(image):
+def _decode_whole(image: PIL.Image.Image) -> None:
     """Decode ``image`` whole and make it the plain image it is, unless it already is one."""
     with _SWITCH:
         whole = image._whole if type(image) is LazyJpegImage else None
@@ -225,7 +235,7 @@ def _decode_whole(image):
         _become_plain(image, whole())
 
 
-def _become_plain(image, decoded=None):
+def _become_plain(image: PIL.Image.Image, decoded: Optional[PIL.Image.Image] = None) -> None:
     """Make lazy ``image`` a plain image over ``decoded``'s pixels, or over none yet (closing, or
     given new ones); nothing when another thread already made it plain."""
     with _SWITCH:
@@ -234,10 +244,10 @@ def _become_plain(image, decoded=None):
         if decoded is not None:  # the pixels first: a plain image is never without them
             image._im, image.readonly = decoded.im, decoded.readonly
         del image._jpeg, image._whole, image._region_pixels
-        image.__class__ = PIL.Image.Image
+        image.__class__ = PIL.Image.Image  # type: ignore[assignment]  # the switch to a plain image
 
 
-def _partial(image, region):
+def _partial(image: PIL.Image.Image, region: Optional[Tuple[int, int, int, int]]) -> Optional[PIL.Image.Image]:
     """A plain image of lazy ``image``'s size and ``info`` with ``region`` decoded, the rest never
     written (NOTE [region geometry]); None to decode the whole image instead."""
     if region is None:

@@ -17,6 +17,7 @@ decodes JPEGs at reduced size (:func:`loader_pixel_budget`).
 
 import re
 import struct
+from typing import Optional, Tuple, Union
 
 from .._internal import env
 from .._internal.validation import positive_int
@@ -35,19 +36,21 @@ OUTPUT_BUDGET_FACTOR = 256
 
 _JPEG_MAGIC = b"\xff\xd8\xff"
 
+_Buffer = Union[bytes, bytearray, memoryview]
+
 
 class ImageTooLarge(ValueError):
     """An image header claims more pixels than the limits allow."""
 
 
-def check_size(height, width, what):
+def check_size(height: int, width: int, what: str) -> None:
     """Raise ImageTooLarge when ``height`` x ``width`` is outside the limits; ``what`` names the image."""
     if height < 1 or width < 1 or height > MAX_SIDE or width > MAX_SIDE or height * width > MAX_PIXELS:
         raise ImageTooLarge(f"{what} is {width}x{height} pixels, outside the limits (sides 1 to "
                             f"{MAX_SIDE}, at most {MAX_PIXELS} pixels); refusing to decode it")
 
 
-def image_pixel_budget(value=None):
+def image_pixel_budget(value: Optional[int] = None) -> int:
     """The pixels one image may decode to: ``value``, else ``WDSMP_MAX_IMAGE_PIXELS``, else
     :data:`DEFAULT_MAX_IMAGE_PIXELS`."""
     if value is None:
@@ -55,7 +58,7 @@ def image_pixel_budget(value=None):
     return positive_int(value, "max_image_pixels")
 
 
-def loader_pixel_budget(value, out_height, out_width):
+def loader_pixel_budget(value: Optional[int], out_height: int, out_width: int) -> int:
     """FastLoader's budget for an output of ``out_height x out_width``: ``value`` or
     ``WDSMP_MAX_IMAGE_PIXELS`` when given, else the larger of the default and
     ``OUTPUT_BUDGET_FACTOR`` times the output's pixels (a JPEG is decoded at reduced size,
@@ -65,7 +68,7 @@ def loader_pixel_budget(value, out_height, out_width):
     return image_pixel_budget(value)
 
 
-def check_budget(height, width, budget, what):
+def check_budget(height: int, width: int, budget: int, what: str) -> None:
     """Raise ImageTooLarge when decoding ``height x width`` pixels would pass ``budget``."""
     if height * width > budget:
         raise ImageTooLarge(f"{what} decodes to {width}x{height} = {height * width} pixels, more than the "
@@ -73,7 +76,7 @@ def check_budget(height, width, budget, what):
                             f"WDSMP_MAX_IMAGE_PIXELS); refusing to decode it")
 
 
-def webp_size(data):
+def webp_size(data: _Buffer) -> Optional[Tuple[int, int]]:
     """``(height, width)`` from a WebP file's first chunk (lossy, lossless or extended), or
     None when ``data`` is no WebP or too short to say."""
     head = bytes(data[:30])
@@ -92,7 +95,7 @@ def webp_size(data):
     return None
 
 
-def check_before_opening(data, budget):
+def check_before_opening(data: _Buffer, budget: int) -> None:
     """Refuse what Pillow would allocate for when merely opening it: a WebP (its decoder
     makes the whole canvas at open) beyond the limits or ``budget``; and a progressive JPEG
     that costs more than it looks (``check_jpeg``). Other formats are checked once open,
@@ -111,7 +114,7 @@ _SEGMENT = struct.Struct(">BBH")  # 0xFF, the marker, the segment's length
 _FRAME = struct.Struct(">BHHB")  # precision, height, width, components
 
 
-def check_jpeg(data, budget, what="the JPEG image"):
+def check_jpeg(data: _Buffer, budget: int, what: str = "the JPEG image") -> None:
     """Refuse, before any pixel is decoded, the progressive JPEGs that cost more than they look:
     libjpeg-turbo holds a progressive file's every coefficient (2 bytes each, for every pixel of
     every component, at full size whatever scale it decodes at), so their bytes are held to what
@@ -138,7 +141,7 @@ def check_jpeg(data, budget, what="the JPEG image"):
                             f"ones burn CPU); refusing to decode it")
 
 
-def _frame(data):
+def _frame(data: _Buffer) -> Optional[Tuple[int, int, int, int, int]]:
     """``(SOF marker, components, height, width, offset of the first scan's header)`` of a JPEG,
     from its segments before the first scan; None where they cannot be read."""
     at, frame, size = 2, None, len(data)
@@ -161,7 +164,7 @@ def _frame(data):
     return None
 
 
-def _count_scans(data, at):
+def _count_scans(data: _Buffer, at: int) -> int:
     """The scans of a JPEG, from the header of its first scan at offset ``at``: each scan's
     entropy-coded data is skipped to the next marker (a regular expression, at C speed)."""
     data = bytes(data)
@@ -185,12 +188,12 @@ def _count_scans(data, at):
     return scans
 
 
-def is_jpeg(data):
+def is_jpeg(data: _Buffer) -> bool:
     """Whether ``data`` starts as a JPEG file does: start-of-image, then a marker."""
     return bytes(data[:3]) == _JPEG_MAGIC
 
 
-def jpeg_size(data):
+def jpeg_size(data: _Buffer) -> Optional[Tuple[int, int]]:
     """``(height, width)`` of a JPEG for libjpeg-turbo to decode; None to leave ``data`` to
     Pillow: not a JPEG, a header simplejpeg cannot read, or CMYK/YCCK, which libjpeg-turbo
     converts to RGB by another formula than Pillow's. ImageTooLarge for a size beyond

@@ -30,11 +30,18 @@ Pillow's.
 import functools
 import io
 import warnings
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
 from ..native import core as native
 from .size import MAX_PIXELS, MAX_SIDE, check_before_opening, check_budget, check_jpeg, check_size, jpeg_size
+
+if TYPE_CHECKING:
+    import PIL.Image
+    import torch
+
+_Buffer = Union[bytes, bytearray, memoryview]
 
 __all__ = ["decode_image", "jpeg_image"]
 
@@ -42,7 +49,7 @@ _PIL_MODES = {"l": "L", "rgb": "RGB", "rgba": "RGBA"}
 _JPEG_COLORSPACES = {"rgb": "RGB", "rgba": "RGBA"}
 
 
-def jpeg_image(data, mode, budget, lazy=False):
+def jpeg_image(data: _Buffer, mode: str, budget: int, lazy: bool = False) -> Optional["PIL.Image.Image"]:
     """A Pillow image in ``mode`` (``"RGB"``, ``"L"`` or ``"RGBA"``) of JPEG bytes, the same as
     Pillow's open, load and convert give, decoded by libjpeg-turbo into the image's memory
     (NOTE [same pixels]); None to leave it to Pillow. ImageTooLarge, before anything is
@@ -77,7 +84,7 @@ def jpeg_image(data, mode, budget, lazy=False):
     return image if image is None or image.mode == mode else image.convert(mode)
 
 
-def _regions_decodable(data, info):
+def _regions_decodable(data: _Buffer, info: Mapping[Any, Any]) -> bool:
     """Whether an RGB JPEG with header ``info`` may be decoded a region at a time: a baseline
     (sequential) one whose image data is one scan with no marker in it, up to the end-of-image
     marker that ends the file (a file cut short, or damaged into markers, is decoded whole at
@@ -102,7 +109,8 @@ def _regions_decodable(data, info):
     return True
 
 
-def _decoded_jpeg(data, source, mode, size, info):
+def _decoded_jpeg(data: _Buffer, source: str, mode: str, size: Tuple[int, int],
+                  info: Mapping[Any, Any]) -> Optional["PIL.Image.Image"]:
     """The JPEG's pixels, decoded whole by libjpeg-turbo, as a Pillow image over them: ``L``
     for a grayscale JPEG wanted in ``mode`` ``"L"``, else ``RGB``; None to leave it to Pillow."""
     width, height = size
@@ -122,13 +130,13 @@ def _decoded_jpeg(data, source, mode, size, info):
     return image
 
 
-def _whole_rgb_image(data, size, info, budget):
+def _whole_rgb_image(data: _Buffer, size: Tuple[int, int], info: Mapping[Any, Any], budget: int) -> "PIL.Image.Image":
     """A lazy image's whole decode: the RGB image of an RGB JPEG that ``decode_image`` gives."""
     image = _decoded_jpeg(data, "RGB", "RGB", size, info)
     return _pil_image(data, "RGB", budget) if image is None else image
 
 
-def _jpeg_pixels(data, mode, budget):
+def _jpeg_pixels(data: _Buffer, mode: str, budget: int) -> Optional[np.ndarray]:
     """HxWxC uint8 pixels (RGB or RGBA) of a JPEG through libjpeg-turbo; None to leave it to
     Pillow (CMYK/YCCK files, which libjpeg-turbo converts by another formula than Pillow's,
     damaged ones, and what simplejpeg does not read)."""
@@ -145,7 +153,7 @@ def _jpeg_pixels(data, mode, budget):
         return None
 
 
-def _pil_image(data, mode, budget):
+def _pil_image(data: _Buffer, mode: str, budget: int) -> "PIL.Image.Image":
     """Pillow's open, load and convert, as webdataset decodes every image; its size held to the
     limits and to ``budget`` once the header is read, before the pixels are."""
     import PIL.Image
@@ -164,7 +172,8 @@ def _pil_image(data, mode, budget):
     return image.convert(mode)
 
 
-def decode_image(data, atype, etype, mode, budget):
+def decode_image(data: _Buffer, atype: str, etype: str, mode: str,
+                 budget: int) -> Union["PIL.Image.Image", np.ndarray, "torch.Tensor"]:
     """Image bytes as the spec's array type (``"pil"``, ``"numpy"``, ``"torch"``), element type
     (``"uint8"``, ``"float"``) and mode (``"l"``, ``"rgb"``, ``"rgba"``) say; ImageTooLarge for
     an image of more than ``budget`` pixels, before it is decoded."""
@@ -172,6 +181,7 @@ def decode_image(data, atype, etype, mode, budget):
     if atype == "pil":
         image = jpeg_image(data, target, budget, lazy=True)
         return _pil_image(data, target, budget) if image is None else image
+    pixels: Optional[np.ndarray]
     if mode == "l":  # Pillow's RGB to L formula, not libjpeg-turbo's luma
         image = jpeg_image(data, target, budget)
         pixels = np.asarray(_pil_image(data, target, budget) if image is None else image)

@@ -11,7 +11,8 @@ libjpeg-turbo at build time, and without it FastLoader decodes whole JPEGs
 
 import importlib
 import warnings
-from typing import NamedTuple
+from types import ModuleType
+from typing import Any, List, NamedTuple, Optional, Type
 
 from .._internal import env
 from . import tarsplit_py
@@ -43,7 +44,7 @@ _loaded: dict = {}  # name -> the module, or None when it is not built (a build 
 _missing: dict = {}  # name -> why it is not built (the ImportError's message)
 
 
-def _compiled(name):
+def _compiled(name: str) -> Any:
     """The compiled module ``wdsmp.<name>``, or None (with a one-time warning) when it is not built."""
     if name not in _loaded:
         try:
@@ -61,7 +62,7 @@ def native_available() -> bool:
     return not env.pure_python() and all(_compiled(name) is not None for name in _EXTENSIONS)
 
 
-def tar_splitter_class():
+def tar_splitter_class() -> Type[tarsplit_py.TarSplitter]:
     """The ``TarSplitter`` class in use now: native, or the twin."""
     if not env.pure_python():
         compiled = _compiled("_tarsplit")
@@ -70,7 +71,7 @@ def tar_splitter_class():
     return tarsplit_py.TarSplitter
 
 
-def tar_headers_class():
+def tar_headers_class() -> Type[tarsplit_py.TarHeaders]:
     """The ``TarHeaders`` class in use now (a tar file's members from their headers alone,
     data skipped by offset): native, or the twin."""
     if not env.pure_python():
@@ -80,7 +81,7 @@ def tar_headers_class():
     return tarsplit_py.TarHeaders
 
 
-def imgops_module():
+def imgops_module() -> ModuleType:
     """The image kernel module in use now (``crop_resize_flip``): native, or the twin."""
     if not env.pure_python():
         compiled = _compiled("_imgops")
@@ -91,7 +92,7 @@ def imgops_module():
     return imgops_py
 
 
-def pil_image_module():
+def pil_image_module() -> ModuleType:
     """The module in use now that makes Pillow images of decoded pixels (``pil_image``): native,
     over the pixels' own memory, or the twin, which copies them."""
     if not env.pure_python():
@@ -103,7 +104,7 @@ def pil_image_module():
     return pilimage_py
 
 
-def jpeg_region_module():
+def jpeg_region_module() -> Optional[ModuleType]:
     """The JPEG region decoder (``decode_region``, src/ext/_jpegregion.pyx), or None.
 
     None when ``WDSMP_PUREPYTHON=1`` or when it is not built (wdsmp was built
@@ -117,7 +118,7 @@ def jpeg_region_module():
     return _compiled("_jpegregion")
 
 
-def jpeg_region_available():
+def jpeg_region_available() -> bool:
     """True when FastLoader decodes only the region of a JPEG that its crop needs
     (:func:`jpeg_region_module` is not None)."""
     return jpeg_region_module() is not None
@@ -143,10 +144,10 @@ _PARTS = {
 }
 
 
-def parts():
+def parts() -> List[NativePart]:
     """Each compiled part and whether it is in use now, with the file or the reason (for
     ``wdsmp doctor``): not built (the import error), or turned off by ``WDSMP_PUREPYTHON=1``."""
-    result = []
+    result: List[NativePart] = []
     for name, (does, cost) in _PARTS.items():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the reason is reported here instead

@@ -7,14 +7,19 @@ here in int64 arrays. Selected with ``WDSMP_PUREPYTHON=1`` or when the
 extension is not built.
 """
 
+from typing import TYPE_CHECKING, Tuple
+
 import numpy as np
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = ["crop_resize_flip"]
 
 _WBITS = 14
 
 
-def _taps(in_size, in0, length, out_size):
+def _taps(in_size: int, in0: float, length: float, out_size: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(first, count, weights)`` of one axis: int64 arrays, weights ``out_size x stride``."""
     scale = length / out_size
     support = scale if scale > 1.0 else 1.0
@@ -35,7 +40,7 @@ def _taps(in_size, in0, length, out_size):
     return first, count, weights
 
 
-def _array(a, name):
+def _array(a: "npt.ArrayLike", name: str) -> np.ndarray:
     """``a`` as a numpy view, checked as the native kernel's typed memoryviews check it."""
     a = np.asarray(a)
     if a.dtype != np.uint8 or a.ndim != 3:
@@ -45,7 +50,8 @@ def _array(a, name):
     return a
 
 
-def crop_resize_flip(src, y0, x0, h, w, out, flip=False):
+def crop_resize_flip(src: "npt.ArrayLike", y0: float, x0: float, h: float, w: float, out: "npt.ArrayLike",
+                     flip: bool = False) -> None:
     """Resize the box ``(y0, x0, h, w)`` of ``src`` (source pixels, sub-pixel) to fill ``out``.
 
     The twin of the native ``crop_resize_flip``: antialiased when shrinking,

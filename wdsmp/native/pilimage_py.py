@@ -1,12 +1,17 @@
 """Pure-Python twin of ``wdsmp.native._pilimage`` (src/ext/_pilimage.pyx): the same Pillow image, with its
 pixels copied in by ``PIL.Image.frombytes`` instead of shared."""
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    import PIL.Image
 
 __all__ = ["pil_image"]
 
 
-def pil_image(pixels, mode):
+def pil_image(pixels: np.ndarray, mode: str) -> "PIL.Image.Image":
     """A Pillow image of ``mode`` ``"RGB"`` (``pixels`` HxWx4 uint8, the fourth byte 255) or
     ``"L"`` (HxW uint8), C-contiguous and not empty; a copy."""
     import PIL.Image
@@ -16,7 +21,7 @@ def pil_image(pixels, mode):
     return PIL.Image.frombytes(mode, size, pixels, "raw", "RGBX" if mode == "RGB" else "L")
 
 
-def _check(pixels, mode):
+def _check(pixels: object, mode: str) -> None:
     if mode not in ("RGB", "L"):
         raise ValueError(f"mode must be 'RGB' or 'L', not {mode!r}")
     ndim = 3 if mode == "RGB" else 2

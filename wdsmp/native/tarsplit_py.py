@@ -7,12 +7,15 @@ when the extension is not built. Cold paths are shared through ``wdsmp.formats.t
 
 import os
 from collections import deque
+from typing import IO, Deque, List, Optional, Tuple
 
 from ..formats import tar as _tf
 from ..formats.tar import BLOCK, checksum_ok, header_number
 
+_Member = Tuple[str, Optional[bytes], int]  # (name, data, offset) as yielded; (name, data, size) as held
 
-def _cstr(field):
+
+def _cstr(field: bytes) -> bytes:
     return field.split(b"\0", 1)[0]
 
 
@@ -33,23 +36,24 @@ class TarSplitter:
     data is being read, None between members: where a failing stream broke off.
     """
 
-    def __init__(self, stream, url=None, bufsize=1 << 20, max_member_size=None):
+    def __init__(self, stream: IO[bytes], url: Optional[str] = None, bufsize: int = 1 << 20,
+                 max_member_size: Optional[int] = None) -> None:
         if bufsize < 4 * BLOCK or bufsize % BLOCK:
             raise ValueError(f"bufsize must be a multiple of {BLOCK} and at least {4 * BLOCK}")
         self.stream = stream
         self.url = url
         self.max_member_size = _tf.member_size_limit(max_member_size)
-        self._recent = deque()  # (name, data, size) of the members held for links, oldest first
+        self._recent: Deque[_Member] = deque()  # (name, data, size) of the members held for links, oldest first
         self._held = 0
-        self.links = []
-        self.reading = None  # (name, offset) of the member whose data is being read
+        self.links: List[Tuple[str, str, int]] = []
+        self.reading: Optional[Tuple[str, int]] = None  # (name, offset) of the member whose data is being read
         self.position = 0
         self._done = False
 
-    def __iter__(self):
+    def __iter__(self) -> "TarSplitter":
         return self
 
-    def _read(self, n):
+    def _read(self, n: int) -> bytes:
         """Up to n bytes; fewer only at the end of the stream. Read in chunks, so that a size
         claimed by a header costs memory only as its data arrives."""
         parts = []
@@ -63,7 +67,7 @@ class TarSplitter:
         self.position += len(data)
         return data
 
-    def _remember(self, name, data, size):
+    def _remember(self, name: str, data: Optional[bytes], size: int) -> None:
         """Hold a member of ``size`` bytes for links (NOTE [tar links] in ``wdsmp.formats.tar``): the last
         LINK_MEMBERS, within LINK_WINDOW bytes, the newest always."""
         recent = self._recent
@@ -74,7 +78,7 @@ class TarSplitter:
         while self._held > _tf.LINK_WINDOW and len(recent) > 1:
             self._held -= recent.popleft()[2]
 
-    def _take(self, size, name, hoff):
+    def _take(self, size: int, name: Optional[str], hoff: int) -> bytes:
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
         data = self._read(size)
         if len(data) < size:
@@ -84,11 +88,11 @@ class TarSplitter:
             raise _tf.truncated_member(self.url, name, hoff, size + len(pad), padded)
         return data
 
-    def _member(self, size, name, hoff):
+    def _member(self, size: int, name: str, hoff: int) -> Optional[bytes]:
         """A regular member's data (``TarHeaders`` skips it instead)."""
         return self._take(size, name, hoff)
 
-    def __next__(self):
+    def __next__(self) -> _Member:
         if self._done:
             raise StopIteration
         try:
@@ -97,7 +101,7 @@ class TarSplitter:
             self._done = True  # a damaged stream cannot be resumed
             raise
 
-    def _next(self):
+    def _next(self) -> _Member:
         longname = longlink = pax = None
         moff = -1
         while not self._done:
@@ -192,12 +196,13 @@ class TarHeaders(TarSplitter):
     is read from its start, and its size tells a truncated member from a whole one. A member
     over ``max_member_size`` is refused as ``TarSplitter`` refuses it."""
 
-    def __init__(self, file, url=None, bufsize=4096, max_member_size=None):
+    def __init__(self, file: IO[bytes], url: Optional[str] = None, bufsize: int = 4096,
+                 max_member_size: Optional[int] = None) -> None:
         super().__init__(file, url, bufsize, max_member_size)
         self.fd = file.fileno()
         self.size = os.fstat(self.fd).st_size
 
-    def _read(self, n):
+    def _read(self, n: int) -> bytes:
         parts = []
         while n > 0:
             chunk = os.pread(self.fd, min(n, _tf.UNTRUSTED_CHUNK), self.position)
@@ -208,7 +213,7 @@ class TarHeaders(TarSplitter):
             n -= len(chunk)
         return b"".join(parts)
 
-    def _member(self, size, name, hoff):
+    def _member(self, size: int, name: str, hoff: int) -> Optional[bytes]:
         padded = (size + BLOCK - 1) // BLOCK * BLOCK
         if self.position + padded > self.size:
             raise _tf.truncated_member(self.url, name, hoff, max(self.size - self.position, 0), padded)

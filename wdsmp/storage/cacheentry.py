@@ -47,10 +47,18 @@ import secrets
 import sys
 import time
 import warnings
+from typing import IO, TYPE_CHECKING, Callable, List, Optional, Tuple, Union, cast
 
 from .._internal.atomic import put_in_place, remove_if_present
 from .._internal.redact import redacted
 from ..gopen import gopen
+
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
+_Dir = Union[str, "os.PathLike[str]"]
+_Unfit = Callable[[str], Optional[str]]  # why the entry at a path may not be read, or None
+_Validate = Callable[[str, str], Optional[Exception]]  # why a complete temp (path, url) may not become the entry
 
 __all__ = [
     "LOCK_SUFFIX",
@@ -73,18 +81,18 @@ _POLL_FIRST, _POLL_MAX = 0.01, 0.25  # seconds between lock attempts, doubling
 _MARK = re.compile(rb"wdsmp cache entry of (\d+) bytes\n\Z")  # a lock file's content (mark)
 
 
-def say(message):
+def say(message: str) -> None:
     """A verbose message of the cache, on stderr (URLs' passwords masked)."""
     print(redacted(message), file=sys.stderr, flush=True)
 
 
-def warn(message):
+def warn(message: str) -> None:
     """A RuntimeWarning: the cache could not be used, and reading goes on without it (URLs'
     passwords masked)."""
     warnings.warn(redacted(message), RuntimeWarning, stacklevel=3)
 
 
-def temp_beside(path):
+def temp_beside(path: str) -> str:
     """A new name for a hidden temp in ``path``'s directory: ``.<name>.<pid>.<random>.tmp``
     (NOTE [cache entry] (tee)), which the sweep recognizes."""
     directory, name = os.path.split(path)
@@ -98,7 +106,7 @@ _EXCLUSIVE_HERE: set = set()  # (pid, lock path) of each entry lock this process
 _TOO_BIG: dict = {}  # URL -> its size in bytes, where a fetch found it larger than the cache's cap
 
 
-def known_too_big(url, cache_size):
+def known_too_big(url: str, cache_size: Optional[float]) -> Optional[int]:
     """The size of ``url`` where an earlier fetch in this process found it larger than
     ``cache_size`` bytes, else None: fetching it for the cache again would only be refused."""
     size = _TOO_BIG.get(url)
@@ -112,17 +120,17 @@ class EntryLock:
     through two of them: :meth:`held_here` lets it see that instead of waiting.
     """
 
-    def __init__(self, entry):
+    def __init__(self, entry: str) -> None:
         self.entry = entry
         self.path = entry + LOCK_SUFFIX
-        self._fd = None
+        self._fd: Optional[int] = None
         self._exclusive = False
 
     @property
-    def held(self):
+    def held(self) -> bool:
         return self._fd is not None
 
-    def acquire(self, exclusive):
+    def acquire(self, exclusive: bool) -> bool:
         """Try once, without blocking; True when held. OSError when the file cannot be made."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
@@ -147,7 +155,7 @@ class EntryLock:
             _EXCLUSIVE_HERE.add((os.getpid(), self.path))
         return True
 
-    def mark(self, size):
+    def mark(self, size: int) -> None:
         """Record in the lock file that the cache wrote the entry, ``size`` bytes long
         (NOTE [cache entry] (mark)); the lock must be held exclusively."""
         if not self._exclusive or self._fd is None:
@@ -155,11 +163,11 @@ class EntryLock:
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, b"wdsmp cache entry of %d bytes\n" % size, 0)
 
-    def held_here(self):
+    def held_here(self) -> bool:
         """Whether this process holds the lock exclusively, through another EntryLock."""
         return (os.getpid(), self.path) in _EXCLUSIVE_HERE
 
-    def release(self):
+    def release(self) -> None:
         """Unlock, if held. The exclusive holder first unlinks the lock file when the entry
         is absent, so that no lock file outlives its entry."""
         fd, self._fd = self._fd, None
@@ -174,7 +182,7 @@ class EntryLock:
             os.close(fd)
 
 
-def cached_size(entry):
+def cached_size(entry: str) -> Optional[int]:
     """The size ``entry`` had when the cache added it; None when the cache did not write it
     (no marked lock file beside it: NOTE [cache entry] (mark))."""
     try:
@@ -185,7 +193,7 @@ def cached_size(entry):
     return int(match.group(1)) if match else None
 
 
-def size_problem(entry):
+def size_problem(entry: str) -> Optional[str]:
     """Why ``entry`` is not the file the cache added (its size changed since), or None;
     files the cache did not write are not judged."""
     recorded = cached_size(entry)
@@ -198,7 +206,7 @@ def size_problem(entry):
     return f"is {size:,} bytes, not the {recorded:,} it had when cached (cut short or changed since)"
 
 
-def _lock_if_free(entry):
+def _lock_if_free(entry: str) -> Optional[EntryLock]:
     """The entry's lock, held exclusively; None when someone holds it or it cannot be made."""
     lock = EntryLock(entry)
     try:
@@ -210,7 +218,8 @@ def _lock_if_free(entry):
 # Reading and fetching an entry.
 
 
-def claim(url, path, lock, *, unfit, timeout, verbose=False):
+def claim(url: str, path: str, lock: EntryLock, *, unfit: _Unfit, timeout: float,
+          verbose: bool = False) -> Optional["CachedFile"]:
     """Take the lock of ``url``'s entry ``path`` (NOTE [cache entry] (lock)), to read it or
     to fetch it.
 
@@ -247,7 +256,7 @@ def claim(url, path, lock, *, unfit, timeout, verbose=False):
         raise
 
 
-def _open_entry(path, lock, unfit, verbose):
+def _open_entry(path: str, lock: EntryLock, unfit: _Unfit, verbose: bool) -> Optional["CachedFile"]:
     """The entry open for reading, holding the shared lock; None (lock released) if it is
     missing or unfit. An exception leaves the lock to the caller."""
     if not os.path.exists(path) or unfit(path) is not None:
@@ -266,11 +275,11 @@ def _open_entry(path, lock, unfit, verbose):
 class CachedFile(io.FileIO):
     """A cache file open for reading; closing it releases the entry's shared lock."""
 
-    def __init__(self, path, lock):
+    def __init__(self, path: str, lock: EntryLock) -> None:
         super().__init__(path, "rb")
-        self._lock = lock
+        self._lock: Optional[EntryLock] = lock
 
-    def close(self):
+    def close(self) -> None:
         try:
             super().close()
         finally:
@@ -279,7 +288,8 @@ class CachedFile(io.FileIO):
                 lock.release()
 
 
-def fetch(url, path, lock, *, cache_dir, cache_size, validate, verbose=False):
+def fetch(url: str, path: str, lock: EntryLock, *, cache_dir: _Dir, cache_size: Optional[float], validate: _Validate,
+          verbose: bool = False) -> IO[bytes]:
     """``url``'s source, teed into a new temp that becomes the entry ``path`` at its end of
     file (NOTE [cache entry] (tee)); called holding the exclusive lock, which the stream
     then owns. When no temp can be made: the source alone, the lock released, with a
@@ -302,7 +312,7 @@ def fetch(url, path, lock, *, cache_dir, cache_size, validate, verbose=False):
         say(f"[caching {url} at {temp}]")
     add = functools.partial(_add_entry, url, path, cache_dir=cache_dir, cache_size=cache_size,
                             validate=validate, verbose=verbose)
-    return _Tee(source, url, temp, fd, lock, add)
+    return cast(IO[bytes], _Tee(source, url, temp, fd, lock, add))
 
 
 class _Tee(io.RawIOBase):
@@ -310,19 +320,20 @@ class _Tee(io.RawIOBase):
     NOTE [cache entry] (tee). The consumer must read to end of file for the
     entry to be added (wdsmp's tar reader does); ``add(temp, lock)`` adds it."""
 
-    def __init__(self, source, url, temp, fd, lock, add):
+    def __init__(self, source: IO[bytes], url: str, temp: str, fd: int, lock: EntryLock,
+                 add: Callable[[str, EntryLock], None]) -> None:
         super().__init__()
         self._source = source
         self._url = url
-        self._temp = temp
-        self._fd = fd
-        self._lock = lock
+        self._temp: Optional[str] = temp
+        self._fd: Optional[int] = fd
+        self._lock: Optional[EntryLock] = lock
         self._add = add
 
-    def readable(self):
+    def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer):
+    def readinto(self, buffer: "WriteableBuffer") -> Optional[int]:
         view = memoryview(buffer).cast("B")
         try:
             readinto = getattr(self._source, "readinto", None)
@@ -341,7 +352,7 @@ class _Tee(io.RawIOBase):
             self._finish()
         return n
 
-    def _write(self, view):
+    def _write(self, view: memoryview) -> None:
         if self._fd is None:
             return
         try:
@@ -351,7 +362,7 @@ class _Tee(io.RawIOBase):
             self._drop(f"cannot write the cache file {self._temp} ({exn}); "
                        f"reading {self._url} on without caching it")
 
-    def _finish(self):
+    def _finish(self) -> None:
         """End of the source: the temp is handed over to become the entry;
         NOTE [cache entry] (rename)."""
         if self._fd is None:
@@ -366,9 +377,10 @@ class _Tee(io.RawIOBase):
             os.close(fd)
         temp, lock = self._temp, self._lock
         self._temp = self._lock = None
+        assert temp is not None and lock is not None  # cleared only with _fd, by _drop
         self._add(temp, lock)
 
-    def _drop(self, warning=None):
+    def _drop(self, warning: Optional[str] = None) -> None:
         """Give up caching: remove the temp, release the lock (NOTE [cache entry] (temp))."""
         if warning is not None:
             warn(warning)
@@ -384,7 +396,7 @@ class _Tee(io.RawIOBase):
             if lock is not None:
                 lock.release()
 
-    def close(self):
+    def close(self) -> None:
         if self.closed:
             return
         try:
@@ -396,7 +408,8 @@ class _Tee(io.RawIOBase):
                 super().close()
 
 
-def _add_entry(url, path, temp, lock, *, cache_dir, cache_size, validate, verbose):
+def _add_entry(url: str, path: str, temp: str, lock: EntryLock, *, cache_dir: _Dir, cache_size: Optional[float],
+               validate: _Validate, verbose: bool) -> None:
     """Check the complete temp, make room, rename it to the entry; always releases the
     lock and leaves no temp. NOTE [cache entry] (rename)."""
     try:
@@ -428,12 +441,13 @@ def _add_entry(url, path, temp, lock, *, cache_dir, cache_size, validate, verbos
 # The sweep: dead temps and eviction.
 
 
-def sweep(cache_dir, cache_size, incoming=0, keyfn=os.path.getmtime, verbose=False):
+def sweep(cache_dir: _Dir, cache_size: Optional[float], incoming: int = 0,
+          keyfn: Callable[[str], float] = os.path.getmtime, verbose: bool = False) -> bool:
     """Remove orphaned temps, then evict entries, least recently used first (smallest
     ``keyfn``), until ``incoming`` more bytes fit under ``cache_size`` (None: no cap).
     Entries in use are kept; files the cache did not write are neither counted nor
     removed (NOTE [cache entry] (mark)). True if the bytes fit."""
-    entries = []
+    entries: List[Tuple[float, int, str]] = []
     for dirpath, _, filenames in os.walk(cache_dir):
         names = set(filenames)
         for filename in filenames:
@@ -457,7 +471,7 @@ def sweep(cache_dir, cache_size, incoming=0, keyfn=os.path.getmtime, verbose=Fal
     return total + incoming <= cache_size
 
 
-def _evict(path, verbose):
+def _evict(path: str, verbose: bool) -> bool:
     """Remove an entry unless someone holds its lock (or it is no longer the cache's); True if
     removed."""
     lock = _lock_if_free(path)
@@ -474,7 +488,7 @@ def _evict(path, verbose):
     return True
 
 
-def _remove_orphan(temp, entry):
+def _remove_orphan(temp: str, entry: str) -> None:
     """Remove a temp whose writer is gone (its entry lock is free); NOTE [cache entry]."""
     lock = _lock_if_free(entry)
     if lock is None:

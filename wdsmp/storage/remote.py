@@ -57,11 +57,18 @@ import re
 import tempfile
 import time
 from dataclasses import dataclass, fields
-from typing import Optional
+from types import ModuleType, TracebackType
+from typing import IO, TYPE_CHECKING, Any, Dict, Mapping, Optional, Type, Union
 from urllib.parse import unquote, urlsplit
 
 from .._internal import env
 from ..errors import ShardError
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, WriteableBuffer
+    from urllib3 import PoolManager, Retry
+    from urllib3.connectionpool import ConnectionPool
+    from urllib3.response import BaseHTTPResponse
 
 __all__ = [
     "HTTPReader",
@@ -104,7 +111,7 @@ class RemoteOptions:
     min_rate: float = 1024.0  # bytes per second of waiting, 0: no minimum
     rate_window: float = 30.0  # seconds of waiting over which min_rate is judged
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         for field in fields(self):
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
@@ -115,12 +122,12 @@ class RemoteOptions:
             raise ValueError("connect_timeout, read_timeout and rate_window must be > 0")
 
     @classmethod
-    def from_kw(cls, kw):
+    def from_kw(cls, kw: Mapping[str, Any]) -> "RemoteOptions":
         """The options among ``kw`` (a gopen keyword dict); the rest is ignored."""
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in kw.items() if k in names})
 
-    def delay(self, failures):
+    def delay(self, failures: int) -> float:
         """Seconds to wait after ``failures`` failures in a row (1, 2, ...)."""
         return min(self.max_backoff, self.backoff * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
 
@@ -130,7 +137,7 @@ class Transient(Exception):
     already (by urllib3's ``Retry``) as often as ``retries`` allows; ``slow`` when bytes
     came, but slower than ``min_rate``."""
 
-    def __init__(self, message, final=False, slow=False):
+    def __init__(self, message: str, final: bool = False, slow: bool = False) -> None:
         super().__init__(message)
         self.final = final
         self.slow = slow
@@ -147,7 +154,7 @@ class Reply:
     etag: Optional[str] = None
 
 
-def _this_machine(host):
+def _this_machine(host: Optional[str]) -> bool:
     """Whether ``host`` (a name or an address, maybe in brackets) is this machine's loopback."""
     host = (host or "").strip("[]")
     if host.lower() == "localhost":
@@ -158,7 +165,7 @@ def _this_machine(host):
         return False
 
 
-def refused_here(exn, host):
+def refused_here(exn: Optional[BaseException], host: Optional[str]) -> bool:
     """Whether ``exn``, or an error it was raised from, is a connection refused by ``host`` when
     that is this machine: nothing listens on the port, and retrying would only wait (module NOTE)."""
     seen = exn
@@ -169,17 +176,17 @@ def refused_here(exn, host):
     return False
 
 
-def _refused_error(method, host, port, where, proxy=False):
+def _refused_error(method: str, host: str, port: Optional[int], where: str, proxy: bool = False) -> ShardError:
     server = "the proxy (the proxy variables name it)" if proxy else "the server"
     return ShardError(f"{method} failed: connection refused by {host}:{port}, on this machine: nothing listens "
                       f"there (not retried: start {server}, or check the port)", url=where)
 
 
-def _located(url, origin):
+def _located(url: str, origin: Optional[str]) -> str:
     return url if origin is None or origin == url else f"{url} (from {origin})"
 
 
-def buffered_reader(raw, bufsize=8192):
+def buffered_reader(raw: io.RawIOBase, bufsize: int = 8192) -> io.BufferedReader:
     """``raw`` behind a BufferedReader of at least 1 MiB: ``readinto1`` of a large buffer goes straight through."""
     return io.BufferedReader(raw, max(bufsize, _READ_BUFFER))
 
@@ -192,37 +199,39 @@ class ResumableReader(io.RawIOBase):
     ``origin`` is the URL the caller gave, when gopen rewrote or routed it.
     """
 
-    _body = None  # class default: close() runs from __del__ even if __init__ failed
+    _body: Any = None  # class default: close() runs from __del__ even if __init__ failed
+    _waited: float  # seconds spent in this connection's reads (set by _connect)
+    _got: int  # and their bytes
 
-    def __init__(self, url, options=None, origin=None):
+    def __init__(self, url: str, options: Optional[RemoteOptions] = None, origin: Optional[str] = None) -> None:
         super().__init__()
         self.url = url
         self.origin = origin
         self.options = options or RemoteOptions()
         self.pos = 0
-        self.size = None
-        self.etag = None
+        self.size: Optional[int] = None
+        self.etag: Optional[str] = None
         self._done = False
         self._failures = 0
         self._slow = 0  # slow windows in a row; bytes that come slowly do not reset it
         self._connect()  # open now, so that a missing object fails in gopen(), not at the first read
 
-    def readable(self):
+    def readable(self) -> bool:
         return True
 
-    def tell(self):
+    def tell(self) -> int:
         self._checkClosed()
         return self.pos
 
     @property
-    def where(self):
+    def where(self) -> str:
         """The URL for error messages: the one requested, and the caller's if gopen rewrote it."""
         return _located(self.url, self.origin)
 
-    def _error(self, problem):
+    def _error(self, problem: str) -> ShardError:
         return ShardError(problem, url=self.where)
 
-    def readinto(self, b):
+    def readinto(self, b: "WriteableBuffer") -> int:
         self._checkClosed()
         view = memoryview(b).cast("B")
         if not len(view):
@@ -253,17 +262,17 @@ class ResumableReader(io.RawIOBase):
                 self._wait(Transient(f"body ended after {self.pos} of {self.size} bytes"))
         return 0
 
-    def close(self):
+    def close(self) -> None:
         if not self.closed:
             self._release()
         super().close()
 
-    def _release(self):
+    def _release(self) -> None:
         body, self._body = self._body, None
         if body is not None:
             self._drop(body)
 
-    def _check_rate(self):
+    def _check_rate(self) -> None:
         """A slow Transient when the reads of a whole ``rate_window`` (their waiting only) gave
         less than ``min_rate`` bytes per second (NOTE [resume protocol])."""
         waited, window = self._waited, self.options.rate_window
@@ -277,7 +286,7 @@ class ResumableReader(io.RawIOBase):
                         f"less than min_rate={self.options.min_rate:g} bytes/s over rate_window={window:g} s",
                         slow=True)
 
-    def _wait(self, exn):
+    def _wait(self, exn: Transient) -> None:
         """Count a failure, then sleep before the next try or give up (NOTE [resume protocol])."""
         self._failures += 1
         self._slow += exn.slow
@@ -286,7 +295,7 @@ class ResumableReader(io.RawIOBase):
             raise self._error(f"{exn}{at}; gave up after {self.options.retries} retries") from exn
         time.sleep(self.options.delay(self._failures))
 
-    def _connect(self):
+    def _connect(self) -> None:
         self._waited = self._got = 0  # seconds spent in this connection's reads, and their bytes
         while True:
             try:
@@ -305,7 +314,7 @@ class ResumableReader(io.RawIOBase):
                 self._release()
                 raise
 
-    def _accept(self, reply):
+    def _accept(self, reply: Reply) -> None:
         """Check a reply against what is known of the object (NOTE [resume protocol])."""
         offset, skip = self.pos, 0
         if reply.status == 206:
@@ -329,11 +338,12 @@ class ResumableReader(io.RawIOBase):
         self.etag = reply.etag if reply.etag is not None else self.etag
         self._skip(skip)
 
-    def _skip(self, count):
+    def _skip(self, count: int) -> None:
         """Read and drop ``count`` bytes (a 200 to a Range request), judged by the minimum rate as
         any read is: a server that trickles them would otherwise hold the read for ever."""
         view = memoryview(bytearray(min(count, _SKIP_CHUNK))) if count else None
         while count:
+            assert view is not None
             self._check_rate()
             started = time.monotonic()
             n = self._read(self._body, view[:min(count, len(view))])
@@ -343,13 +353,13 @@ class ResumableReader(io.RawIOBase):
                 raise Transient(f"body ended while skipping to byte {self.pos}")
             count -= n
 
-    def _get(self, offset):
+    def _get(self, offset: int) -> Reply:
         raise NotImplementedError
 
-    def _read(self, body, view):
+    def _read(self, body: Any, view: memoryview) -> int:
         raise NotImplementedError
 
-    def _drop(self, body):
+    def _drop(self, body: Any) -> None:
         raise NotImplementedError
 
 
@@ -363,9 +373,9 @@ class SpooledUpload(io.RawIOBase):
     :class:`Transient` for a failure worth retrying.
     """
 
-    _spool = None
+    _spool: Optional["tempfile.SpooledTemporaryFile[bytes]"] = None
 
-    def __init__(self, url, options=None, origin=None):
+    def __init__(self, url: str, options: Optional[RemoteOptions] = None, origin: Optional[str] = None) -> None:
         super().__init__()
         self.url = url
         self.origin = origin
@@ -373,34 +383,36 @@ class SpooledUpload(io.RawIOBase):
         self._spool = tempfile.SpooledTemporaryFile(max_size=_SPOOL_MEMORY)
 
     @property
-    def where(self):
+    def where(self) -> str:
         """The URL for error messages: the one requested, and the caller's if gopen rewrote it."""
         return _located(self.url, self.origin)
 
-    def writable(self):
+    def writable(self) -> bool:
         return True
 
-    def write(self, b):
+    def write(self, b: "ReadableBuffer") -> int:
         self._checkClosed()
+        assert self._spool is not None
         return self._spool.write(b)
 
-    def abort(self):
+    def abort(self) -> None:
         """Discard what was written; nothing is uploaded. Idempotent."""
         if not self.closed:
             if self._spool is not None:
                 self._spool.close()
             super().close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         self.abort()  # no network traffic from a finalizer, and no upload nobody asked for
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 tb: Optional[TracebackType]) -> None:
         if exc_type is not None:
             self.abort()
         else:
             self.close()
 
-    def close(self):
+    def close(self) -> None:
         """Upload what was written; raises ShardError if that fails. Idempotent."""
         if self.closed or self._spool is None:  # the second: __init__ failed, nothing to upload
             self.abort()
@@ -421,18 +433,19 @@ class SpooledUpload(io.RawIOBase):
             self._spool.close()
             super().close()
 
-    def _upload(self, spool, size):
+    def _upload(self, spool: IO[bytes], size: int) -> None:
         raise NotImplementedError
 
 
 # HTTP
 
 
-_pools: dict = {}  # proxy URL or None -> urllib3 pool manager, of the process in _pools_pid
-_pools_pid = None  # connections are never shared across a fork
+# proxy URL or None -> urllib3 pool manager, of the process in _pools_pid
+_pools: Dict[Optional[str], "PoolManager"] = {}
+_pools_pid: Optional[int] = None  # connections are never shared across a fork
 
 
-def _urllib3():
+def _urllib3() -> ModuleType:
     try:
         import urllib3
     except ImportError as exn:
@@ -440,7 +453,7 @@ def _urllib3():
     return urllib3
 
 
-def _pool_manager(url):
+def _pool_manager(url: str) -> "PoolManager":
     """The pool manager for ``url``: direct, or through the proxy the environment names for
     it (``env.http_proxy``: curl's variables, which webdataset's curl reads too)."""
     global _pools_pid
@@ -471,7 +484,7 @@ def _pool_manager(url):
     return manager
 
 
-def _retry_policy(options, retries):
+def _retry_policy(options: RemoteOptions, retries: int) -> "Retry":
     """urllib3's ``Retry`` for one request: ``retries`` tries more after a failure before a
     reply or a transient status, waiting as ``options`` says (a server's Retry-After too,
     up to ``max_backoff``), and up to ``_REDIRECTS`` redirects (credentials dropped when
@@ -484,17 +497,19 @@ def _retry_policy(options, retries):
 
 
 @functools.lru_cache(maxsize=None)
-def _capped_retry_class():
-    urllib3 = _urllib3()
+def _capped_retry_class() -> Type["Retry"]:
+    urllib3: Any = _urllib3()  # Any: its Retry is a base class here
 
     class CappedRetry(urllib3.Retry):
         """``Retry`` that waits no longer for a server's Retry-After than for its own backoff, and
         not at all after a connection refused by this machine (``refused_here``)."""
 
-        def parse_retry_after(self, retry_after):
+        def parse_retry_after(self, retry_after: str) -> float:
             return min(super().parse_retry_after(retry_after), self.backoff_max)
 
-        def increment(self, method=None, url=None, response=None, error=None, _pool=None, _stacktrace=None):
+        def increment(self, method: Optional[str] = None, url: Optional[str] = None,
+                      response: Optional["BaseHTTPResponse"] = None, error: Optional[Exception] = None,
+                      _pool: Optional["ConnectionPool"] = None, _stacktrace: Optional[TracebackType] = None) -> "Retry":
             if error is not None and _pool is not None and refused_here(error, _pool.host):
                 raise urllib3.exceptions.MaxRetryError(_pool, url, error) from error
             return super().increment(method, url, response, error, _pool, _stacktrace)
@@ -502,7 +517,7 @@ def _capped_retry_class():
     return CappedRetry
 
 
-def _excerpt(response):
+def _excerpt(response: "BaseHTTPResponse") -> str:
     """The start of an error reply's body, for the message; the connection is then let go."""
     try:
         text = response.read(_EXCERPT, decode_content=True).decode("utf-8", "replace").strip()
@@ -514,7 +529,7 @@ def _excerpt(response):
     return f": {' '.join(text.split())}" if text else ""
 
 
-def _status_error(method, response, where):
+def _status_error(method: str, response: "BaseHTTPResponse", where: str) -> Union[Transient, ShardError]:
     """The error for a reply of a status that is not success: a final Transient for a
     transient status (urllib3 retried it while it could), a ShardError otherwise."""
     message = f"{method} failed: HTTP {response.status} {response.reason or ''}".rstrip() + _excerpt(response)
@@ -523,7 +538,8 @@ def _status_error(method, response, where):
     return ShardError(message, url=where)
 
 
-def _send(method, url, headers, body, options, where, retries):
+def _send(method: str, url: str, headers: Mapping[str, str], body: Optional[IO[bytes]], options: RemoteOptions,
+          where: str, retries: int) -> "BaseHTTPResponse":
     """One HTTP exchange under :func:`_retry_policy`: the reply (of any status).
 
     A failure before a reply that is still there when the retries run out is a final
@@ -564,11 +580,12 @@ class HTTPReader(ResumableReader):
     ``Accept-Encoding: identity`` is asked for and no Content-Encoding is undone.
     """
 
-    def __init__(self, url, options=None, headers=None, origin=None):
+    def __init__(self, url: str, options: Optional[RemoteOptions] = None, headers: Optional[Mapping[str, str]] = None,
+                 origin: Optional[str] = None) -> None:
         self.headers = dict(headers or {})
         super().__init__(url, options, origin)
 
-    def _get(self, offset):
+    def _get(self, offset: int) -> Reply:
         headers = dict(self.headers, **{"Accept-Encoding": "identity"})
         if offset:
             headers["Range"] = f"bytes={offset}-"
@@ -580,7 +597,7 @@ class HTTPReader(ResumableReader):
                          response.headers.get("Content-Range"), response.headers.get("ETag"))
         raise _status_error("GET", response, self.where)
 
-    def _read(self, body, view):
+    def _read(self, body: Any, view: memoryview) -> int:
         errors = _urllib3().exceptions
         try:
             data = body.read1(len(view))  # what has come, not a full view: NOTE [resume protocol]
@@ -589,7 +606,7 @@ class HTTPReader(ResumableReader):
         view[:len(data)] = data
         return len(data)
 
-    def _drop(self, body):
+    def _drop(self, body: Any) -> None:
         body.close()  # an unfinished body's connection cannot be reused
         body.release_conn()
 
@@ -597,11 +614,12 @@ class HTTPReader(ResumableReader):
 class HTTPWriter(SpooledUpload):
     """Bytes written are PUT to ``url`` on ``close()`` (with Content-Length, retried on failure)."""
 
-    def __init__(self, url, options=None, headers=None, origin=None):
+    def __init__(self, url: str, options: Optional[RemoteOptions] = None, headers: Optional[Mapping[str, str]] = None,
+                 origin: Optional[str] = None) -> None:
         self.headers = dict(headers or {})
         super().__init__(url, options, origin)
 
-    def _upload(self, spool, size):
+    def _upload(self, spool: IO[bytes], size: int) -> None:
         headers = dict(self.headers, **{"Content-Length": str(size)})
         response = _send("PUT", self.url, headers, spool, self.options, self.where, self.options.retries)
         if 200 <= response.status < 300:
@@ -611,7 +629,7 @@ class HTTPWriter(SpooledUpload):
         raise _status_error("PUT", response, self.where)
 
 
-def _url_credentials(url):
+def _url_credentials(url: str) -> Optional[str]:
     """``"user:password"`` of ``scheme://user:password@host/...``, %-decoded as curl decodes
     it; None when the URL has none (or cannot be parsed: its request fails on its own)."""
     try:
@@ -623,7 +641,7 @@ def _url_credentials(url):
     return f"{unquote(parts.username)}:{unquote(parts.password or '')}"
 
 
-def _with_url_credentials(url, headers):
+def _with_url_credentials(url: str, headers: Mapping[str, str]) -> Mapping[str, str]:
     """``headers`` with the Basic authorization that credentials in ``url`` ask for, as curl
     sends it (urllib3 would drop them); an Authorization given in ``headers`` wins."""
     credentials = _url_credentials(url)
@@ -632,7 +650,8 @@ def _with_url_credentials(url, headers):
     return dict(headers, Authorization=_urllib3().make_headers(basic_auth=credentials)["authorization"])
 
 
-def open_http(url, mode="rb", bufsize=8192, headers=None, origin=None, **kw):
+def open_http(url: str, mode: str = "rb", bufsize: int = 8192, headers: Optional[Mapping[str, str]] = None,
+              origin: Optional[str] = None, **kw: Any) -> Union[io.BufferedReader, HTTPWriter]:
     """Open an http(s) URL: a BufferedReader over an :class:`HTTPReader`, or an :class:`HTTPWriter`.
 
     Keywords of :class:`RemoteOptions` set timeouts and retries; ``headers`` are

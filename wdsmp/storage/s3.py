@@ -11,11 +11,16 @@ instead of starting over. boto3 is imported when the first ``s3://`` URL is open
 
 import os
 import threading
+from types import ModuleType
+from typing import IO, TYPE_CHECKING, Any, Optional, Tuple, Union
 from urllib.parse import urlsplit
 
 from .._internal import env
 from ..errors import ShardError
 from .remote import RemoteOptions, Reply, ResumableReader, SpooledUpload, Transient, buffered_reader, refused_here
+
+if TYPE_CHECKING:
+    import io
 
 __all__ = ["S3Reader", "S3Writer", "open_s3", "s3_client", "split_s3_url"]
 
@@ -28,7 +33,7 @@ _clients: dict = {}
 _lock = threading.Lock()
 
 
-def _boto3():
+def _boto3() -> ModuleType:
     try:
         import boto3
     except ImportError as exn:
@@ -36,7 +41,7 @@ def _boto3():
     return boto3
 
 
-def s3_client(options=None):
+def s3_client(options: Optional[RemoteOptions] = None) -> Any:
     """A boto3 S3 client for this process, AWS environment and timeouts; cached, as clients are slow to make."""
     options = options or RemoteOptions()
     key = (os.getpid(), env.aws_environment(), options.connect_timeout, options.read_timeout)
@@ -55,7 +60,7 @@ def s3_client(options=None):
     return client
 
 
-def _client_for(url, options):
+def _client_for(url: str, options: Optional[RemoteOptions]) -> Any:
     """:func:`s3_client`; AWS settings it cannot use (a missing profile, a malformed endpoint)
     are a ShardError naming ``url``."""
     _boto3()  # first: its ImportError says what to install
@@ -67,7 +72,7 @@ def _client_for(url, options):
         raise ShardError(f"cannot make an S3 client from the AWS settings: {exn}", url=url) from exn
 
 
-def split_s3_url(url):
+def split_s3_url(url: str) -> Tuple[str, str]:
     """``s3://bucket/key`` -> ``(bucket, key)``; the key is taken as written (no %-decoding)."""
     if not url.lower().startswith("s3://"):
         raise ValueError(f"not an s3:// URL: {url!r}")
@@ -77,12 +82,12 @@ def split_s3_url(url):
     return bucket, key
 
 
-def _convert(action, exn, url):
+def _convert(action: str, exn: BaseException, url: str) -> Optional[Union[Transient, ShardError]]:
     """A boto3 failure as :class:`Transient` (worth retrying) or ShardError; None if it is neither."""
     import botocore.exceptions as bce
     from urllib3.exceptions import HTTPError
 
-    seen = exn
+    seen: Optional[BaseException] = exn
     while seen is not None:  # upload_fileobj may wrap the client's error
         if isinstance(seen, bce.ClientError):
             meta = seen.response.get("ResponseMetadata", {})
@@ -110,12 +115,12 @@ def _convert(action, exn, url):
 class S3Reader(ResumableReader):
     """An S3 object streamed with ``get_object``; NOTE [resume protocol]."""
 
-    def __init__(self, url, options=None, origin=None):
+    def __init__(self, url: str, options: Optional[RemoteOptions] = None, origin: Optional[str] = None) -> None:
         self.bucket, self.key = split_s3_url(url)
         self.client = _client_for(url, options)
         super().__init__(url, options, origin)
 
-    def _get(self, offset):
+    def _get(self, offset: int) -> Reply:
         args = dict(Bucket=self.bucket, Key=self.key)
         if offset:
             args["Range"] = f"bytes={offset}-"
@@ -131,7 +136,7 @@ class S3Reader(ResumableReader):
         status = reply.get("ResponseMetadata", {}).get("HTTPStatusCode", 200)
         return Reply(reply["Body"], status, reply.get("ContentLength"), reply.get("ContentRange"), reply.get("ETag"))
 
-    def _read(self, body, view):
+    def _read(self, body: Any, view: memoryview) -> int:
         try:
             return body.readinto(view)
         except Exception as exn:
@@ -140,41 +145,41 @@ class S3Reader(ResumableReader):
                 raise
             raise converted from exn
 
-    def _drop(self, body):
+    def _drop(self, body: Any) -> None:
         body.close()
 
 
 class _Lent:
     """The spool as lent to s3transfer, which closes what it uploads: a retry needs it open."""
 
-    def __init__(self, spool):
+    def __init__(self, spool: IO[bytes]) -> None:
         self._spool = spool
 
-    def read(self, size=-1):
+    def read(self, size: int = -1) -> bytes:
         return self._spool.read(size)
 
-    def seek(self, offset, whence=0):
+    def seek(self, offset: int, whence: int = 0) -> int:
         return self._spool.seek(offset, whence)
 
-    def tell(self):
+    def tell(self) -> int:
         return self._spool.tell()
 
-    def seekable(self):
+    def seekable(self) -> bool:
         return True
 
-    def close(self):
+    def close(self) -> None:
         pass  # SpooledUpload.close() closes the spool when the upload is over
 
 
 class S3Writer(SpooledUpload):
     """Bytes written are uploaded on ``close()`` with ``upload_fileobj`` (multipart when large)."""
 
-    def __init__(self, url, options=None, origin=None):
+    def __init__(self, url: str, options: Optional[RemoteOptions] = None, origin: Optional[str] = None) -> None:
         self.bucket, self.key = split_s3_url(url)
         self.client = _client_for(url, options)
         super().__init__(url, options, origin)
 
-    def _upload(self, spool, size):
+    def _upload(self, spool: IO[bytes], size: int) -> None:
         try:
             self.client.upload_fileobj(_Lent(spool), self.bucket, self.key)
         except Exception as exn:
@@ -184,7 +189,8 @@ class S3Writer(SpooledUpload):
             raise converted from exn
 
 
-def open_s3(url, mode="rb", bufsize=8192, origin=None, **kw):
+def open_s3(url: str, mode: str = "rb", bufsize: int = 8192, origin: Optional[str] = None,
+            **kw: Any) -> Union["io.BufferedReader", S3Writer]:
     """Open an s3:// URL: a BufferedReader over an :class:`S3Reader`, or an :class:`S3Writer`.
 
     Keywords of :class:`~wdsmp.storage.remote.RemoteOptions` set timeouts and retries; others are ignored.
