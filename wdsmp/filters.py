@@ -491,7 +491,7 @@ class LMDBCached(PipelineStage):
         self.map_size = int(map_size)
         self.pickler = pickler
         self.chunksize = chunksize
-        self.db = None
+        self.db: Any = None  # the lmdb environment, opened on first use
 
     def __getstate__(self) -> Dict[str, Any]:
         return dict(self.__dict__, db=None)  # an open database belongs to its process

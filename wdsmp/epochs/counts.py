@@ -30,7 +30,7 @@ import warnings
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, cast
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -64,15 +64,12 @@ class ShardWalk:
     file: Tuple[int, ...] = ()  # what identified the file walked (``file_identity``), where known
 
 
-def walk_local_shard(path: str, url: Optional[str] = None,
-                     handler: Callable[[BaseException], Any] = reraise_exception) -> ShardWalk:
+def walk_local_shard(path, url=None, handler=reraise_exception):
     """The ``ShardWalk`` of the local shard file ``path`` (named ``url`` in errors). A damaged
     shard raises its ``TarFormatError`` unless ``handler`` goes on: then the samples before the
     damage count, as the reader yields them."""
     url = path if url is None else url
-    members: List[Tuple[str, int, int]] = []
-    why: Optional[str] = None
-    boundary: Any = SHARD_END
+    members, why, boundary = [], None, SHARD_END
     with open(path, "rb", buffering=0) as file:
         try:
             if os.pread(file.fileno(), 2, 0) == GZIP_MAGIC:  # decompressed whole: no offsets to jump to
@@ -94,14 +91,13 @@ def walk_local_shard(path: str, url: Optional[str] = None,
     return ShardWalk(len(spans), np.array(spans, dtype=np.int64).reshape(-1, 2))
 
 
-def count_local_shard(path: str, url: Optional[str] = None,
-                      handler: Callable[[BaseException], Any] = reraise_exception) -> int:
+def count_local_shard(path, url=None, handler=reraise_exception):
     """The number of samples the reader makes of the local shard file ``path`` (named ``url``
     in errors); see ``walk_local_shard``."""
     return walk_local_shard(path, url, handler).count
 
 
-def _packed_spans(walk: ShardWalk) -> Optional[str]:
+def _packed_spans(walk):
     """A walk's spans as text for the cache: gaps and lengths (small numbers), compressed."""
     if walk.spans is None:
         return None
@@ -110,7 +106,7 @@ def _packed_spans(walk: ShardWalk) -> Optional[str]:
     return base64.b64encode(zlib.compress(steps.astype("<i8").tobytes())).decode("ascii")
 
 
-def _unpacked_spans(text: str, count: int, size: int) -> Optional[np.ndarray]:
+def _unpacked_spans(text, count, size):
     """The spans kept as ``text``, or None unless they are ``count`` ordered, block-aligned spans
     within a file of ``size`` bytes."""
     try:
@@ -149,14 +145,14 @@ class CountCache:
     those shards are counted again. ``root`` is made private (mode 0700) when made here.
     """
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root):
         self.root = root
 
-    def _file(self, directory: str) -> str:
+    def _file(self, directory):
         digest = hashlib.sha256(os.fsencode(directory)).hexdigest()[:24]
         return os.path.join(self.root, f".shardcounts-{digest}.json")
 
-    def _read(self, directory: str) -> Dict[str, Any]:
+    def _read(self, directory):
         try:
             fd = os.open(self._file(directory), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
@@ -175,11 +171,11 @@ class CountCache:
         shards = entries.get("shards")
         return shards if isinstance(shards, dict) else {}
 
-    def lookup(self, paths: Mapping[str, os.stat_result], spans: bool = False) -> Dict[str, ShardWalk]:
+    def lookup(self, paths, spans=False):
         """``{path: ShardWalk}`` for those of ``paths`` (real paths, with their ``os.stat_result``
         as values) whose count is kept, fits the file as it is now, and could be its count;
         ``spans=True``: only those whose spans are kept too (or known not to be readable)."""
-        found: Dict[str, ShardWalk] = {}
+        found = {}
         for directory, group in _by_directory(paths).items():
             kept = self._read(directory)
             for path, info in group.items():
@@ -203,14 +199,14 @@ class CountCache:
                 found[path] = walk
         return found
 
-    def store(self, walks: Mapping[str, Tuple[os.stat_result, ShardWalk]]) -> None:
+    def store(self, walks):
         """Keep ``{path: (os.stat_result, ShardWalk)}``; a cache that cannot be written is warned
         about and does without (the shards are then walked again next time)."""
         for directory, group in _by_directory(walks).items():
             path = self._file(directory)
             shards = self._read(directory)
             for p, (info, walk) in group.items():
-                entry: Dict[str, Any] = {"file": _identity(info), "samples": walk.count}
+                entry = {"file": _identity(info), "samples": walk.count}
                 if walk.spans is not None:
                     entry["spans"] = _packed_spans(walk)
                 elif walk.why is not None:
@@ -228,34 +224,31 @@ class CountCache:
                               f"they will be counted again", RuntimeWarning, stacklevel=3)
 
 
-def file_identity(info: os.stat_result) -> Tuple[int, int, int, int]:
+def file_identity(info):
     """What tells one version of a file from another, from its ``os.stat_result``: size, mtime,
     inode and ctime (a file rewritten, also one whose mtime was put back, differs)."""
     return (info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
 
 
-def _identity(info: os.stat_result) -> List[int]:
+def _identity(info):
     return list(file_identity(info))  # as kept in the cache's JSON
 
 
-def _by_directory(items: Mapping[str, Any]) -> Dict[str, Dict[str, Any]]:
-    groups: Dict[str, Dict[str, Any]] = {}
+def _by_directory(items):
+    groups = {}
     for path, value in items.items():
         groups.setdefault(os.path.dirname(path), {})[path] = value
     return groups
 
 
-def walk_local_shards(paths: Iterable[str], cache_dir: Optional[str] = None,
-                      handler: Callable[[BaseException], Any] = reraise_exception,
-                      spans: bool = False) -> Dict[str, ShardWalk]:
+def walk_local_shards(paths, cache_dir=None, handler=reraise_exception, spans=False):
     """``{path: ShardWalk}`` for the local shard files ``paths``: from the count cache (under
     ``cache_dir`` when given, else the user's cache directory, ``env.user_cache_dir``) where
     it knows them, else walked, several at once, and kept there (``handler``: see
     ``walk_local_shard``; a damaged shard's walk is not kept). ``spans=True``: the walks must
     have each sample's span (an entry kept with its count alone is walked again). Errors name
     the path given."""
-    given: Dict[str, str] = {}  # by real path
-    stats: Dict[str, os.stat_result] = {}  # by real path: a name for errors, and what the cache is keyed on
+    given, stats = {}, {}  # by real path: a name for errors, and what the cache is keyed on
     for path in paths:
         real = os.path.realpath(path)
         given.setdefault(real, path)
@@ -267,10 +260,10 @@ def walk_local_shards(paths: Iterable[str], cache_dir: Optional[str] = None,
     walks = cache.lookup(stats, spans)
     todo = [real for real in stats if real not in walks]
     if todo:
-        def walk(real: str) -> Tuple[ShardWalk, bool]:
-            damaged: List[Any] = []
+        def walk(real):
+            damaged = []
 
-            def keep_going(exn: BaseException) -> Any:  # the damaged shard's walk is not kept
+            def keep_going(exn):  # the damaged shard's walk is not kept
                 damaged.append(handler(exn))
                 return damaged[-1]
 
@@ -284,17 +277,15 @@ def walk_local_shards(paths: Iterable[str], cache_dir: Optional[str] = None,
             for path in paths}
 
 
-def count_local_shards(paths: Iterable[str], cache_dir: Optional[str] = None,
-                       handler: Callable[[BaseException], Any] = reraise_exception) -> Dict[str, int]:
+def count_local_shards(paths, cache_dir=None, handler=reraise_exception):
     """``{path: count}`` for the local shard files ``paths``; see ``walk_local_shards``."""
     return {path: walk.count for path, walk in walk_local_shards(paths, cache_dir, handler).items()}
 
 
-def _index_counts(urls: Iterable[str]) -> Tuple[Dict[str, int], Dict[str, str]]:
+def _index_counts(urls):
     """``({url: count}, {index URL: why it is not usable})`` from the shard indexes beside the
     remote ``urls``."""
-    counts: Dict[str, int] = {}
-    missing: Dict[str, str] = {}
+    counts, missing = {}, {}
     for index in dict.fromkeys(index_beside(url) for url in urls):
         if index is None:
             continue
@@ -305,9 +296,8 @@ def _index_counts(urls: Iterable[str]) -> Tuple[Dict[str, int], Dict[str, str]]:
     return counts, missing
 
 
-def known_counts(urls: Any, index: Any = None, *, cache_dir: Optional[str] = None,
-                 handler: Callable[[BaseException], Any] = reraise_exception, required_by: Optional[str] = None,
-                 otherwise: Optional[str] = None) -> Tuple[Tuple[str, Optional[int]], ...]:
+def known_counts(urls, index=None, *, cache_dir=None, handler=reraise_exception, required_by=None,
+                 otherwise=None):
     """``((url, count or None), ...)`` for a loader's ``urls`` (a shard spec, URLs or ``(url,
     count)`` pairs, or a shard index) and ``index`` (see ``shardindex.shard_counts``), with the
     counts the data can give (module docstring). ShardError for a local shard that does not
@@ -332,11 +322,9 @@ def known_counts(urls: Any, index: Any = None, *, cache_dir: Optional[str] = Non
     return tuple(table)
 
 
-def _needs_index(who: str, otherwise: Optional[str], urls: Any, unknown: Sequence[str],
-                 missing: Mapping[str, str]) -> str:
-
+def _needs_index(who, otherwise, urls, unknown, missing):
     """The error text for shards without counts: where wdsmp looked, and the command to run."""
-    beside = sorted(cast(Set[str], {index_beside(url) for url in unknown} - {None}))
+    beside = sorted({index_beside(url) for url in unknown} - {None})
     looked = "; ".join(f"{index}: {missing.get(index, 'it does not list them')}" for index in beside[:3])
     spec = urls if isinstance(urls, str) else " ".join(unknown[:3]) + (" ..." if len(unknown) > 3 else "")
     shards = "1 shard has" if len(unknown) == 1 else f"{len(unknown)} shards have"

@@ -174,7 +174,7 @@ class ExactSamples(CountedSource):
         self.resume: Optional[Dict[str, Any]] = None  # a loaded state, for its epoch
         self.plan(1)  # bad arguments (rank, too few samples) fail here, not in a worker
 
-    def __getstate__(self) -> Dict[str, Any]:
+    def __getstate__(self):
         """Pickled for DataLoader workers, which do not inherit the process group: with this
         process's rank and world size fixed (NOTE [exact epochs ...], Rank)."""
         state = dict(self.__dict__)
@@ -195,7 +195,7 @@ class ExactSamples(CountedSource):
                           seed=self.seed, rank=rank, world_size=world_size, num_streams=streams,
                           policy=self.policy, shuffle=self.shuffle, order=self.order)
 
-    def __len__(self) -> int:
+    def __len__(self):
         """Batches per rank in an epoch (the same on every rank)."""
         return self.plan(1).batches_per_rank
 
@@ -242,15 +242,14 @@ class ExactSamples(CountedSource):
         self.epoch = int(epoch)
         self.resume = {"epoch": self.epoch, "batches_done": done, "streams": streams}
 
-    def __iter__(self) -> Iterator[Dict[str, Any]]:
+    def __iter__(self):
         _, _, worker, num_workers = pytorch_worker_info()
         inside = get_worker_info() is not None
         done, nstreams = self.start(num_workers if inside else 0)
         worker, num_workers = (worker, num_workers) if inside else (0, 1)
         plan = self.plan(nstreams)
-        streams: Dict[int, _PlanStream] = {}
+        streams = {}
         files = self.files
-
         spans = None if files is None else SpanReader(files.paths, files.spans, files=files.files)
         try:
             for d in range(done + worker, plan.batches_per_rank, num_workers):

@@ -8,10 +8,6 @@ the same order from the same seed.
 import os
 import warnings
 from itertools import islice
-from random import Random
-from typing import Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Sequence, TypeVar, cast
-
-from .plan import ShardRange
 
 from .._internal import env
 from ..cache import FileCache
@@ -22,12 +18,8 @@ from ..tariterators import tarfile_samples
 
 __all__ = ["buffer_shuffled", "read_ranges"]
 
-T = TypeVar("T")
 
-
-def read_ranges(ranges: Iterable[ShardRange], handler: Callable[[BaseException], Any] = reraise_exception,
-                cache_dir: Optional[str] = None, clock: Any = None,
-                counts: Optional[Sequence[Optional[int]]] = None) -> Iterator[Dict[str, Any]]:
+def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, counts=None):
     """The samples of each ``epochplan.ShardRange`` in turn: samples ``[start, stop)`` of its shard,
     opened directly or from the shard cache in ``cache_dir``.
 
@@ -47,9 +39,9 @@ def read_ranges(ranges: Iterable[ShardRange], handler: Callable[[BaseException],
     missing are missing: the caller pads.
     """
     for shard in ranges:
-        damaged: List[BaseException] = []
+        damaged = []
 
-        def noted(exn: BaseException) -> Any:
+        def noted(exn):
             damaged.append(exn)  # a shard cut short by damage is not a stale count
             return handler(exn)
 
@@ -66,8 +58,7 @@ def read_ranges(ranges: Iterable[ShardRange], handler: Callable[[BaseException],
                 warnings.warn(f"could not cache {redacted(shard.url)} in {cache_dir} ({exn}); reading it directly")
         if clock is not None:
             opener = clock.timed_opener(opener)
-        samples = cast(Generator[Dict[str, Any], None, None],
-                       tarfile_samples([shard.url], handler=noted, opener=opener))
+        samples = tarfile_samples([shard.url], handler=noted, opener=opener)
         try:
             if counts is None or shard.stop is None or counts[shard.shard] is None:
                 yield from islice(samples, shard.start, shard.stop)
@@ -77,8 +68,7 @@ def read_ranges(ranges: Iterable[ShardRange], handler: Callable[[BaseException],
             samples.close()
 
 
-def _counted(samples: Iterable[Dict[str, Any]], shard: ShardRange, count: int,
-             damaged: Sequence[BaseException]) -> Iterator[Dict[str, Any]]:
+def _counted(samples, shard, count, damaged):
     """Samples ``[start, stop)`` of ``shard``, with a warning when the shard has not ``count``
     samples.
 
@@ -93,7 +83,6 @@ def _counted(samples: Iterable[Dict[str, Any]], shard: ShardRange, count: int,
     reader that stops at its planned last sample (a stream's last batch) would
     otherwise never see the samples past it.
     """
-    assert shard.stop is not None  # read_ranges counts only ranges that end
     position = 0  # samples of the shard seen, from its start
     last = None  # the range's last sample, where the range ends at the count
     for sample in samples:
@@ -119,11 +108,10 @@ def _counted(samples: Iterable[Dict[str, Any]], shard: ShardRange, count: int,
         yield last
 
 
-def buffer_shuffled(samples: Iterable[T], size: int, rng: Random) -> Iterator[T]:
+def buffer_shuffled(samples, size, rng):
     """``samples`` in a random order through a buffer of ``size``: all of them, each once, the
     order fixed by ``rng``."""
-    buffer: List[T] = []
-
+    buffer = []
     for sample in samples:
         if len(buffer) < size:
             buffer.append(sample)

@@ -13,7 +13,7 @@ import os
 from collections import OrderedDict
 from time import perf_counter_ns
 
-from typing import Any, Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import NamedTuple, Tuple
 
 import numpy as np
 
@@ -47,16 +47,13 @@ class SampleFiles(NamedTuple):
         return tuple(len(spans) for spans in self.spans)
 
 
-def locate_samples(urls: Sequence[str], cache_dir: Optional[str] = None,
-                   handler: Callable[[BaseException], Any] = reraise_exception,
-                   fetch: bool = False) -> Tuple[Optional[SampleFiles], Optional[str]]:
+def locate_samples(urls, cache_dir=None, handler=reraise_exception, fetch=False):
     """``(SampleFiles, None)`` when every shard of ``urls`` can be read sample by sample (an
     uncompressed local file without link members), else ``(None, why not)``. A remote shard
     is read from the shard cache in ``cache_dir``, fetched there first (whole, once) when
     ``fetch`` is true; else it is refused. The spans are kept with the counts
     (``shardcount.CountCache``)."""
-    paths: List[str] = []
-    cache: Optional[FileCache] = None
+    paths, cache = [], None
     for url in urls:
         path = local_path(url)
         if path is None:
@@ -86,13 +83,11 @@ class SpanReader:
     streams; ``close()`` closes its files.
     """
 
-    def __init__(self, paths: Sequence[str], spans: Sequence[np.ndarray], clock: Any = None,
-                 files: Sequence[Sequence[int]] = ()) -> None:
+    def __init__(self, paths, spans, clock=None, files=()):
         self.paths, self.spans, self.clock, self.files = paths, spans, clock, files
-        # shard number -> open descriptor, least recently used first
-        self._files: "OrderedDict[int, int]" = OrderedDict()
+        self._files = OrderedDict()  # shard number -> open descriptor, least recently used first
 
-    def _descriptor(self, shard: int) -> int:
+    def _descriptor(self, shard):
         fd = self._files.pop(shard, None)
         if fd is None:
             if len(self._files) >= _OPEN_FILES:
@@ -107,7 +102,7 @@ class SpanReader:
         self._files[shard] = fd
         return fd
 
-    def sample(self, shard: int, index: int, url: str) -> Dict[str, Any]:
+    def sample(self, shard, index, url):
         """Sample ``index`` of shard number ``shard`` (named ``url`` in the sample and in errors)."""
         start, end = (int(x) for x in self.spans[shard][index])
         begun = perf_counter_ns()
@@ -130,14 +125,12 @@ class SpanReader:
                               f"changed since it was walked", url, None, start)
         return samples[0]
 
-    def close(self) -> None:
+    def close(self):
         while self._files:
             os.close(self._files.popitem()[1])
 
 
-def read_positions(reader: SpanReader, refs: Iterable[Tuple[int, int, str]],
-                   handler: Callable[[BaseException], Any] = reraise_exception) -> Iterator[Dict[str, Any]]:
-
+def read_positions(reader, refs, handler=reraise_exception):
     """The samples of ``refs`` (``(shard, index, url)`` triples) in order, read by ``reader`` (its
     owner closes it); a sample that cannot be read goes to ``handler`` (skipped when it returns True)."""
     for shard, index, url in refs:

@@ -66,6 +66,8 @@ def stream_samples(plan: StreamPlan, start: StreamStart, *, shuffle_buffer: int 
     (FastLoader's workers announce and time them)."""
     resume = not start.replay
     if plan.order == "global":
+        if spans is None:
+            raise ValueError("a stream in global order reads its samples by span: it needs the SpanReader")
         refs = plan.samples(resume=resume)
         triples = _without_pad(refs) if positions is None else positions(refs)
         samples = watch(read_positions(spans, triples, handler))
