@@ -138,7 +138,8 @@ class DBCache(IterableDataset):
                 db.execute("ROLLBACK")
                 raise
         version = found.get("version")
-        check_version({"format": found.get("format"), "version": int(str(version)) if str(version).isdigit() else version},
+        number = int(str(version)) if str(version).isdigit() else version
+        check_version({"format": found.get("format"), "version": number},
                       _FORMAT, (_VERSION,), f"DBCache {self.fname!r} (delete the file to rebuild it)")
 
     @staticmethod
