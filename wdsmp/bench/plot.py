@@ -6,10 +6,7 @@ it is missing, and the benchmark goes on without the picture.
 """
 
 import bisect
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Tuple, cast
-
-if TYPE_CHECKING:
-    from .loader import Result
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, cast
 
 __all__ = ["draw", "rates"]
 
@@ -35,7 +32,7 @@ def rates(series: Sequence[Tuple[float, int]], window: float = _WINDOW_S) -> Tup
 STAGE_ORDER = ("read shards", "decode", "crop, resize, flip", "batch", "other")
 
 
-def draw(results: Mapping[str, "Result"], path: str, title: str, note: Optional[str] = None) -> None:
+def draw(results: Mapping[str, Any], path: str, title: str, note: Optional[str] = None) -> None:
     """Write the picture of ``results`` (``{contender: Result}``, the best rounds) to ``path``,
     with ``note`` under it; ImportError (with what to install) when matplotlib is missing."""
     try:

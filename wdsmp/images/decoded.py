@@ -1,12 +1,9 @@
 """``DecodedSamples``: what ``autodecode.Decoder(...)(dataset)`` returns, a torch dataset of the
 decoded samples. Apart from ``autodecode`` so that decoding itself does not import torch."""
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, Union
 
 from torch.utils.data import IterableDataset
-
-if TYPE_CHECKING:
-    from ..autodecode import Decoder
 
 __all__ = ["DecodedSamples"]
 
@@ -20,7 +17,7 @@ class DecodedSamples(IterableDataset):
     """
 
     def __init__(self, samples: Union[Iterable[Dict[str, Any]], Callable[[], Iterable[Dict[str, Any]]]],
-                 decoder: "Decoder") -> None:
+                 decoder: Any) -> None:  # an autodecode.Decoder (not imported: it imports this module)
         super().__init__()
         self.samples, self.decoder = samples, decoder
 
