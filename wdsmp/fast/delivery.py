@@ -108,7 +108,7 @@ class Phase(enum.Enum):
     COMPLETE = "no more batches will come, and all went to the user: state_dict moves to the next epoch"
 
     @property
-    def finished(self):
+    def finished(self) -> bool:
         return self in (Phase.FINISHED, Phase.COMPLETE)
 
 
@@ -387,7 +387,7 @@ class Delivery:
         self.abandon()
         raise error
 
-    def _advance(self, phase):
+    def _advance(self, phase: Phase) -> None:
         """Move the epoch to ``phase``, along Phase's transitions only."""
         if phase not in _NEXT_PHASES[self.phase]:
             raise RuntimeError(f"an epoch cannot go from {self.phase.name} to {phase.name}")
