@@ -56,11 +56,8 @@ def jpeg_image(data: _Buffer, mode: str, budget: int, lazy: bool = False) -> Opt
     decoded, for more than ``budget`` pixels. ``lazy``: an RGB image of a baseline JPEG is a
     ``wdsmp.images.lazyjpeg.LazyJpegImage``, decoded when its pixels are first read, a crop's or a
     resize's region alone where that is all they read (NOTE [region geometry] there)."""
-    size = jpeg_size(data)
-    if size is None:
+    if _jpeg_within_budget(data, budget) is None:
         return None
-    check_budget(*size, budget, "the JPEG image")
-    check_jpeg(data, budget)
     import PIL.Image
 
     try:
@@ -140,17 +137,24 @@ def _jpeg_pixels(data: _Buffer, mode: str, budget: int) -> Optional[np.ndarray]:
     """HxWxC uint8 pixels (RGB or RGBA) of a JPEG through libjpeg-turbo; None to leave it to
     Pillow (CMYK/YCCK files, which libjpeg-turbo converts by another formula than Pillow's,
     damaged ones, and what simplejpeg does not read)."""
-    size = jpeg_size(data)
-    if size is None:
+    if _jpeg_within_budget(data, budget) is None:
         return None
-    check_budget(*size, budget, "the JPEG image")
-    check_jpeg(data, budget)
     import simplejpeg
 
     try:
         return simplejpeg.decode_jpeg(data, colorspace=_JPEG_COLORSPACES[mode])
     except ValueError:
         return None
+
+
+def _jpeg_within_budget(data: _Buffer, budget: int) -> Optional[Tuple[int, int]]:
+    """A JPEG's ``(height, width)`` from its header, None when it has none to read; ImageTooLarge,
+    before any pixel is decoded, past ``budget`` pixels or a progressive file's cost (``check_jpeg``)."""
+    size = jpeg_size(data)
+    if size is not None:
+        check_budget(*size, budget, "the JPEG image")
+        check_jpeg(data, budget)
+    return size
 
 
 def _pil_image(data: _Buffer, mode: str, budget: int) -> "PIL.Image.Image":
