@@ -12,7 +12,7 @@ each. The epoch plan it follows (``wdsmp/epochs/plan.py``) and the range reader
 __all__ = ["Batch", "FastLoader"]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> object:
     if name in __all__:
         from . import loader
 

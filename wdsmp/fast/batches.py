@@ -1,7 +1,11 @@
 """What the loader hands out: a ring slot seen as a ``Batch`` of tensors (NOTE [batch lifetime]
 in ``loader.py``)."""
 
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from .messages import BatchReady
+    from .ring import Ring
 
 from .worker import IMAGES, KEYS, LABELS
 
@@ -23,7 +27,7 @@ class Batch(tuple):
         batch.keys, batch.fields, batch.epoch = keys, dict(fields or {}), epoch
         return batch
 
-    def __getnewargs__(self):  # copy and pickle; the attributes follow in __dict__
+    def __getnewargs__(self) -> Tuple[Any, ...]:  # copy and pickle; the attributes follow in __dict__
         return tuple(self)
 
     @property
@@ -44,10 +48,10 @@ class SlotTensors:
     ``copy=True`` copies, so the slot can go back to its worker at once; ``channels_first``
     gives NCHW views of the NHWC images."""
 
-    def __init__(self, ring, *, copy=False, channels_first=False):
+    def __init__(self, ring: "Ring", *, copy: bool = False, channels_first: bool = False) -> None:
         self.ring, self.copy, self.channels_first = ring, copy, channels_first
 
-    def batch(self, message):
+    def batch(self, message: "BatchReady") -> Batch:
         """The slot of ``message`` (a ``BatchReady``), its first ``message.count`` rows, as the
         loader's options say (copied, channels first)."""
         batch = self.views(message)
@@ -59,13 +63,13 @@ class SlotTensors:
             images = images.permute(0, 3, 1, 2)
         return Batch(images, labels, batch.keys, fields, batch.epoch)
 
-    def labels(self, message):
+    def labels(self, message: "BatchReady") -> Any:
         """The labels of ``message``'s slot, its first ``message.count`` rows, as a numpy view (None
         without labels)."""
         labels = self.ring.views(message.slot).get(LABELS)
         return None if labels is None else labels[:message.count]
 
-    def views(self, message):
+    def views(self, message: "BatchReady") -> Batch:
         """The slot of ``message``, its first ``message.count`` rows, as views (images NHWC),
         whatever the options: what ``.cuda()`` copies to the device."""
         import torch

@@ -10,6 +10,7 @@ of the time are said too: more workers would not help then either.
 """
 
 import os
+from typing import Any, Dict, Optional, Sequence
 from urllib.parse import urlsplit
 
 from .options import default_workers
@@ -21,7 +22,7 @@ IDLE = 0.5  # workers busy less than this while the training loop waits: said, w
 MOSTLY_IDLE = 0.2  # ... and less than this: no stage is the bottleneck, starting and turning over are
 
 
-def shard_source(urls):
+def shard_source(urls: Sequence[str]) -> str:
     """Where shards ``urls`` are, for the advice: ``local files in DIR`` or ``scheme://host``
     of the first remote one."""
     remote = [url for url in urls if "://" in url and not url.startswith("file:") or url.startswith("pipe:")]
@@ -36,11 +37,11 @@ def shard_source(urls):
     return f"{parts.scheme}://{parts.netloc}"
 
 
-def _share(value):
+def _share(value: float) -> str:
     return f"{value:.0%}"
 
 
-def _input_advice(figures, source, cache_dir):
+def _input_advice(figures: Dict[str, Any], source: str, cache_dir: Optional[str]) -> str:
     if source.startswith("local files"):
         return "the disk is slow for this rate: put the shards on a faster disk, or where the page cache holds them"
     if cache_dir is None:
@@ -50,7 +51,7 @@ def _input_advice(figures, source, cache_dir):
     return f"the disk holding cache_dir ({cache_dir}) is slow for this rate"
 
 
-def _decode_advice(figures, num_workers):
+def _decode_advice(figures: Dict[str, Any], num_workers: int) -> str:
     cpus = default_workers()
     more = (f"more workers ({num_workers} now, {cpus} CPUs for this process)" if num_workers < cpus
             else "more CPUs")
@@ -62,14 +63,14 @@ def _decode_advice(figures, num_workers):
     return advice
 
 
-def _idle(busy):
+def _idle(busy: float) -> str:
     if busy >= IDLE:
         return ""
     return (f"; the workers were idle {_share(1 - busy)} of the time (epochs of fewer batches than workers, "
             f"or starting and ending often)")
 
 
-def diagnose(figures, *, num_workers, source, cache_dir=None):
+def diagnose(figures: Dict[str, Any], *, num_workers: int, source: str, cache_dir: Optional[str] = None) -> str:
     """The bottleneck of ``figures`` (``LoaderStats``'s, with ``batches``) in one sentence,
     beginning with its name: ``training-bound``, ``transfer-bound``, ``input-bound``,
     ``decode-bound``, ``stage-bound``, ``delivery-bound``, ``loader-bound`` or ``startup-bound`` (or
@@ -81,7 +82,7 @@ def diagnose(figures, *, num_workers, source, cache_dir=None):
     return sentence
 
 
-def _diagnose(figures, num_workers, source, cache_dir):
+def _diagnose(figures: Dict[str, Any], num_workers: int, source: str, cache_dir: Optional[str]) -> str:
     main = figures["wait_s"] + figures["training_s"] + figures["transfer_s"]
     if not figures["batches"] or main <= 0:
         return "starting: too few batches handed out to tell"
@@ -101,7 +102,8 @@ def _diagnose(figures, num_workers, source, cache_dir):
                          cache_dir) + _idle(busy)
 
 
-def _loader_bound(figures, waiting, num_workers, source, cache_dir):
+def _loader_bound(figures: Dict[str, Any], waiting: str, num_workers: int, source: str,
+                  cache_dir: Optional[str]) -> str:
     """The sentence for a run whose training loop waited for data: the workers' largest share."""
     seconds = {name: stage["seconds"] for name, stage in figures["stages"].items()}
     work = sum(seconds.values()) - seconds["slot_wait"]
@@ -110,7 +112,7 @@ def _loader_bound(figures, waiting, num_workers, source, cache_dir):
                 f"batches out slowly (copy=True copies, .cuda() transfers)")
     groups = {"input": seconds["fetch"] + seconds["split"], "decode": seconds["decode"] + seconds["resize"],
               "stages": seconds["stages"], "other": seconds["write"] + seconds["other"]}
-    largest = max(groups, key=groups.get)
+    largest = max(groups, key=groups.__getitem__)
     if largest == "input":
         if seconds["fetch"] >= seconds["split"]:
             return (f"input-bound: {_share(seconds['fetch'] / work)} of worker time is reading shards from "

@@ -19,7 +19,7 @@ import math
 import operator
 import struct
 from dataclasses import dataclass, field
-from typing import Tuple
+from typing import Any, Dict, Tuple
 
 import numpy as np
 
@@ -48,11 +48,11 @@ _DESCRIPTION_ROOM = HEADER_SIZE - _HEADER.size
 _KINDS = "biufcS"
 
 
-def _round_up(n, multiple):
+def _round_up(n: int, multiple: int) -> int:
     return -(-n // multiple) * multiple
 
 
-def _dtype_str(dtype, name):
+def _dtype_str(dtype: Any, name: str) -> str:
     """The canonical string of a dtype a slot can hold (``"|u1"``, ``"<f4"``, ``"|S32"``)."""
     try:
         dt = np.dtype(dtype)
@@ -80,7 +80,7 @@ class FieldSpec:
     shape: Tuple[int, ...]
     dtype: str
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"a field name must be a non-empty string, not {self.name!r}")
         shape = (self.shape,) if isinstance(self.shape, int) else self.shape
@@ -94,7 +94,7 @@ class FieldSpec:
         object.__setattr__(self, "dtype", _dtype_str(self.dtype, self.name))
 
     @property
-    def sample_bytes(self):
+    def sample_bytes(self) -> int:
         """Bytes of one sample's array."""
         return math.prod(self.shape) * np.dtype(self.dtype).itemsize
 
@@ -115,7 +115,7 @@ class BatchLayout:
     slot_size: int = field(init=False, repr=False, compare=False)
     digest: bytes = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         positive_int(self.batch_size, "batch_size")
         fields = tuple(self.fields)
         if not fields:
@@ -127,7 +127,8 @@ class BatchLayout:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ValueError(f"duplicate field names in layout: {duplicates}")
-        offsets, end = {}, 0
+        offsets: Dict[str, int] = {}
+        end = 0
         for spec in fields:
             offsets[spec.name] = _round_up(end, FIELD_ALIGN)
             end = offsets[spec.name] + self.batch_size * spec.sample_bytes
@@ -136,7 +137,7 @@ class BatchLayout:
         object.__setattr__(self, "slot_size", _round_up(end, SLOT_ALIGN))
         object.__setattr__(self, "digest", hashlib.blake2b(self.describe().encode(), digest_size=16).digest())
 
-    def describe(self):
+    def describe(self) -> str:
         """A JSON text naming everything the bytes depend on: version, batch size, fields, offsets."""
         return json.dumps({
             "version": VERSION,
@@ -145,12 +146,12 @@ class BatchLayout:
             "slot_size": self.slot_size,
         }, separators=(",", ":"))
 
-    def ring_size(self, nslots):
+    def ring_size(self, nslots: int) -> int:
         """Bytes of a ring of ``nslots`` slots, header included."""
         positive_int(nslots, "nslots")
         return HEADER_SIZE + nslots * self.slot_size
 
-    def write_header(self, buffer, nslots):
+    def write_header(self, buffer: Any, nslots: int) -> None:
         """Write the ring header for ``nslots`` slots of this layout at the start of ``buffer``."""
         size = self.ring_size(nslots)
         with memoryview(buffer) as view:
@@ -161,7 +162,7 @@ class BatchLayout:
                                                nslots, len(description))
             view[_HEADER.size:_HEADER.size + len(description)] = description
 
-    def read_header(self, buffer):
+    def read_header(self, buffer: Any) -> int:
         """The slot count of the ring in ``buffer``; ValueError unless it was written with this layout."""
         with memoryview(buffer) as view:
             if view.nbytes < HEADER_SIZE:
@@ -182,11 +183,11 @@ class BatchLayout:
                              f"but the buffer holds only {nbytes} bytes")
         return nslots
 
-    def slot_offset(self, slot):
+    def slot_offset(self, slot: int) -> int:
         """Byte offset of ``slot`` from the start of the ring."""
         return HEADER_SIZE + slot * self.slot_size
 
-    def views(self, buffer, slot):
+    def views(self, buffer: Any, slot: int) -> Dict[str, np.ndarray]:
         """``{name: array}`` over slot ``slot`` of the ring in ``buffer``: zero-copy, writable if it is.
 
         Each array is ``(batch_size, *shape)``. They keep ``buffer`` alive (and,
@@ -197,7 +198,7 @@ class BatchLayout:
         if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)) or not 0 <= slot < nslots:
             raise ValueError(f"slot {slot!r} is not in range(0, {max(nslots, 0)}) for this buffer")
         base = self.slot_offset(int(slot))
-        arrays = {}
+        arrays: Dict[str, np.ndarray] = {}
         for spec in self.fields:
             count = self.batch_size * math.prod(spec.shape)
             array = np.frombuffer(buffer, dtype=spec.dtype, count=count, offset=base + self.offsets[spec.name])

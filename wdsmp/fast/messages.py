@@ -9,7 +9,7 @@ start method.
 
 import traceback as _traceback
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple, Type
 
 from .._internal.redact import redacted
 from ..errors import WorkerError
@@ -82,7 +82,7 @@ class WorkerDone:
     stream: int = 0
 
 
-def _type_name(exn_type):
+def _type_name(exn_type: type) -> str:
     module = exn_type.__module__
     return exn_type.__qualname__ if module == "builtins" else f"{module}.{exn_type.__qualname__}"
 
@@ -103,22 +103,25 @@ class WorkerFailed:
     member: Optional[str] = None
 
     @classmethod
-    def from_exception(cls, worker, exn, shard=None, member=None):
+    def from_exception(cls, worker: int, exn: BaseException, shard: Optional[str] = None,
+                       member: Optional[str] = None) -> "WorkerFailed":
         """The message for ``exn`` raised in ``worker``; shard and member default to the error's own
         (wdsmp's data errors carry ``url`` and ``member``)."""
+        data: Any = exn  # wdsmp's data errors carry ``url`` and ``member``
         if shard is None and isinstance(getattr(exn, "url", None), str):
-            shard = exn.url
+            shard = data.url
         if member is None and isinstance(getattr(exn, "member", None), str):
-            member = exn.member
+            member = data.member
         text = "".join(_traceback.format_exception(type(exn), exn, exn.__traceback__))
         return cls(worker, _type_name(type(exn)), str(exn), text, shard, member)
 
-    def to_error(self):
+    def to_error(self) -> WorkerError:
         """A ``WorkerError`` naming the worker, shard and member, with the worker's traceback."""
         where = "".join([f", shard {self.shard!r}" if self.shard is not None else "",
                          f", member {self.member!r}" if self.member is not None else ""])
-        error = WorkerError(redacted(f"loader worker {self.worker} failed{where}: {self.exc_type}: {self.message}\n"
-                                     f"--- traceback in worker {self.worker} ---\n{self.traceback.rstrip()}"))
+        error: Any = WorkerError(redacted(
+            f"loader worker {self.worker} failed{where}: {self.exc_type}: {self.message}\n"
+            f"--- traceback in worker {self.worker} ---\n{self.traceback.rstrip()}"))
         error.worker, error.shard, error.member, error.exc_type = self.worker, self.shard, self.member, self.exc_type
         return error
 
@@ -133,10 +136,10 @@ class WorkerWarning:
     message: str
 
     @classmethod
-    def from_warning(cls, worker, message, category):
+    def from_warning(cls, worker: int, message: object, category: Type[Warning]) -> "WorkerWarning":
         return cls(worker, _type_name(category), str(message))
 
-    def reissue(self):
+    def reissue(self) -> None:
         """``warnings.warn`` it here: the same category when it is a builtin one, else UserWarning."""
         import builtins
         import warnings

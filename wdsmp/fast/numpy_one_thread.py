@@ -14,7 +14,7 @@ import os
 _THREAD_COUNTS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def _load_numpy():
+def _load_numpy() -> None:
     set_here = [name for name in _THREAD_COUNTS if name not in os.environ]
     for name in set_here:
         os.environ[name] = "1"

@@ -12,7 +12,7 @@ them are stored as given: ``rank``, ``world_size``, ``policy`` and
 
 import os
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Optional, Tuple, Union
+from typing import Any, Callable, Mapping, Optional, Tuple, Union
 
 from .. import handlers
 from ..images.size import loader_pixel_budget
@@ -27,7 +27,7 @@ ORDERS = ("auto", "global", "shards")
 IMAGE_KEYS = ("jpg", "jpeg", "png", "ppm", "pgm", "npy", "webp", "bmp", "tif", "tiff")
 
 
-def positive_range(value, name):
+def positive_range(value: Any, name: str) -> Tuple[float, float]:
     """``(low, high)`` as floats with ``0 < low <= high``; ValueError naming ``name`` otherwise."""
     try:
         low, high = (float(v) for v in value)
@@ -38,9 +38,10 @@ def positive_range(value, name):
     return low, high
 
 
-def unit_fraction(value, name, *, zero=True):
+def unit_fraction(value: Any, name: str, *, zero: bool = True) -> float:
     """``value`` as a float in [0, 1] (``zero=False``: in (0, 1]); ValueError naming ``name`` otherwise."""
     interval = "[0, 1]" if zero else "(0, 1]"
+    number: Optional[float]
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -54,7 +55,7 @@ def unit_fraction(value, name, *, zero=True):
 _FILLED: Any = None
 
 
-def _set(options, name, value):
+def _set(options: object, name: str, value: object) -> None:
     object.__setattr__(options, name, value)  # normalising a frozen dataclass in __post_init__
 
 
@@ -75,7 +76,7 @@ class DecodeOptions:
     region: bool = True
     max_pixels: Optional[int] = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _set(self, "train", bool(self.train))
         _set(self, "scale", positive_range(self.scale, "scale"))
         _set(self, "ratio", positive_range(self.ratio, "ratio"))
@@ -87,21 +88,21 @@ class DecodeOptions:
             positive_int(self.max_pixels, "max_image_pixels")
 
 
-def _image_size(value):
+def _image_size(value: Any) -> Tuple[Any, ...]:
     size = (value, value) if isinstance(value, int) else tuple(value)
     if len(size) != 2 or not all(is_int(v, 1) for v in size):
         raise ValueError(f"image_size must be a positive int or (height, width), not {value!r}")
     return size
 
 
-def _extensions(value, name):
+def _extensions(value: Any, name: str) -> Tuple[Any, ...]:
     keys = tuple(value.split(";")) if isinstance(value, str) else tuple(value)
     if not keys or not all(isinstance(k, str) and k for k in keys):
         raise ValueError(f"{name} must name extensions, as 'jpg;png' or a list, not {value!r}")
     return keys
 
 
-def default_workers(environ=os.environ):
+def default_workers(environ: Mapping[str, str] = os.environ) -> int:
     """The default worker count: the CPUs this process may run on (its affinity mask), shared
     among the processes of this node that torchrun started (``LOCAL_WORLD_SIZE``), at least 1.
     Without the share, 8 ranks on a 16-core node would start 128 workers."""
@@ -156,7 +157,7 @@ class LoaderOptions:
     exact: bool = True
     order: str = "auto"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         positive_int(self.batch_size, "batch_size")
         if not isinstance(self.decode, DecodeOptions):
             raise TypeError(f"decode must be a DecodeOptions, not {type(self.decode).__name__}")
@@ -213,5 +214,5 @@ class LoaderOptions:
         _set(self, "progress", progress)
 
     @property
-    def train(self):
+    def train(self) -> bool:
         return self.decode.train

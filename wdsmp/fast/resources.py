@@ -3,9 +3,17 @@ with their pipes, and clean-ups such as pinned-memory registrations (NOTE [shutd
 ``loader.py``). Kept apart from the loader object, so that the loader's finalizer holds no
 reference to the loader."""
 
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
+
 from .messages import EpochTask, Stop
 from .pool import WorkerPool
 from .worker import worker_main
+
+if TYPE_CHECKING:
+    from ..epochs.plan import EpochPlan
+    from .ring import Ring
+    from .transfer import PinnedRing
+    from .worker import WorkerConfig
 
 __all__ = ["LoaderResources", "Workers"]
 
@@ -16,32 +24,33 @@ class Workers:
     workers import the user's script first (``pool.WorkerPool``). ``ahead``: the plan of the
     epoch these workers were sent ahead (NOTE [next epoch ahead] there), if any."""
 
-    def __init__(self, config, num_workers, prefetch, start_method, main=False):
+    def __init__(self, config: "WorkerConfig", num_workers: int, prefetch: int, start_method: str,
+                 main: bool = False) -> None:
         self.prefetch = prefetch
         self.pool = WorkerPool(worker_main, [(w, config, range(w * prefetch, (w + 1) * prefetch))
                                              for w in range(num_workers)], start_method, main=main)
         self.broken = False
-        self.ahead = None
+        self.ahead: Optional["EpochPlan"] = None
 
     @property
-    def count(self):
+    def count(self) -> int:
         return len(self.pool.processes)
 
-    def start_epoch(self, position, streams):
+    def start_epoch(self, position: object, streams: Sequence[Sequence[int]]) -> None:
         """Send each worker its ``EpochTask``: ``streams[w]`` are the streams of the epoch at
         ``position`` that worker w runs."""
         for worker, mine in enumerate(streams):
             self.pool.send(worker, EpochTask(position, tuple(mine)))
 
-    def release(self, slot):
+    def release(self, slot: int) -> None:
         """Give ``slot`` back to the worker that owns it."""
         if not self.broken:
             self.pool.send(slot // self.prefetch, slot)
 
-    def pids(self):
+    def pids(self) -> List[Optional[int]]:
         return self.pool.pids()
 
-    def shutdown(self, timeout=5.0):
+    def shutdown(self, timeout: float = 5.0) -> None:
         """NOTE [shutdown order], the workers' part. Idempotent; done even when interrupted."""
         if self.broken:
             return
@@ -60,18 +69,19 @@ class LoaderResources:
     ``close()`` before the ring goes (``on_close``). ``pinned``: the ring's registration with
     CUDA (a ``transfer.PinnedRing``; None: not tried yet)."""
 
-    def __init__(self, ring):
+    def __init__(self, ring: "Ring") -> None:
         self.ring = ring
-        self.workers = None
-        self.pinned = None
-        self.cleanups = []
+        self.workers: Optional[Workers] = None
+        self.pinned: Optional["PinnedRing"] = None
+        self.cleanups: List[Callable[[], object]] = []
         self.closed = False
 
-    def check_open(self):
+    def check_open(self) -> None:
         if self.closed:
             raise ValueError("this FastLoader is closed")
 
-    def new_workers(self, config, num_workers, prefetch, start_method, main=False):
+    def new_workers(self, config: "WorkerConfig", num_workers: int, prefetch: int, start_method: str,
+                    main: bool = False) -> Workers:
         """A new generation of workers (``Workers``' arguments), after the current one (if any) is
         shut down."""
         if self.workers is not None:
@@ -82,11 +92,11 @@ class LoaderResources:
         self.workers = Workers(config, num_workers, prefetch, start_method, main)
         return self.workers
 
-    def on_close(self, cleanup):
+    def on_close(self, cleanup: Callable[[], object]) -> None:
         """Call ``cleanup()`` at ``close()``, after the workers stopped and before the ring goes."""
         self.cleanups.append(cleanup)
 
-    def close(self):
+    def close(self) -> None:
         """NOTE [shutdown order]."""
         if self.closed:
             return
@@ -101,9 +111,9 @@ class LoaderResources:
             finally:
                 self.ring.close()
 
-    def _run_cleanups(self):
+    def _run_cleanups(self) -> None:
         """Run every clean-up, also when one fails; then raise the first failure."""
-        failure = None
+        failure: Optional[Exception] = None
         while self.cleanups:
             try:
                 self.cleanups.pop()()

@@ -43,6 +43,9 @@ import re
 import secrets
 from multiprocessing import resource_tracker
 from multiprocessing.shared_memory import SharedMemory
+from typing import Any, Dict, List, Optional, Tuple, Type, TypeVar
+
+import numpy as np
 
 from .._internal.liveness import pid_alive
 from .layout import BatchLayout
@@ -55,11 +58,14 @@ _PREFIX = re.compile(r"[A-Za-z0-9._-]{1,100}")
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,200}")
 
 
-def _mib(n):
+_R = TypeVar("_R", bound="Ring")
+
+
+def _mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
-def _no_room(size, nslots, slot_size, free, total):
+def _no_room(size: int, nslots: int, slot_size: int, free: int, total: int) -> OSError:
     return OSError(errno.ENOSPC,
                    f"the loader's ring needs {_mib(size)} ({nslots} slots of {_mib(slot_size)} plus a header) "
                    f"but {SHM_DIR} has only {_mib(free)} free of {_mib(total)}; use fewer workers, a smaller "
@@ -67,13 +73,13 @@ def _no_room(size, nslots, slot_size, free, total):
                    f"(docker run --shm-size=...)")
 
 
-def _check_shm_dir():
+def _check_shm_dir() -> None:
     if not os.path.isdir(SHM_DIR):
         raise OSError(errno.ENOENT, f"the loader's ring needs POSIX shared memory under {SHM_DIR} (Linux); "
                                     f"{SHM_DIR} does not exist here")
 
 
-def _check_room(size, nslots, slot_size):
+def _check_room(size: int, nslots: int, slot_size: int) -> None:
     """Raise a clear ENOSPC OSError unless /dev/shm has ``size`` bytes free."""
     stat = os.statvfs(SHM_DIR)
     free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
@@ -89,7 +95,8 @@ class Ring:
     (bytes), ``owner``, ``closed``, ``buffer``.
     """
 
-    def __init__(self, name, layout, nslots, mapping, *, shm=None, lock_fd=None):
+    def __init__(self, name: str, layout: BatchLayout, nslots: int, mapping: Optional[mmap.mmap], *,
+                 shm: Optional[SharedMemory] = None, lock_fd: Optional[int] = None) -> None:
         self.name = name
         self.layout = layout
         self.nslots = nslots
@@ -100,16 +107,16 @@ class Ring:
         self._pid = os.getpid()
 
     @property
-    def owner(self):
+    def owner(self) -> bool:
         """Whether this object created the segment in this very process (and so will unlink it)."""
         return self._shm is not None and self._pid == os.getpid()
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         return self._mmap is None
 
     @property
-    def buffer(self):
+    def buffer(self) -> mmap.mmap:
         """The whole segment, header and slots, as a writable buffer (an mmap); to register it with
         CUDA as pinned memory (``transfer.py``). ValueError once closed."""
         if self._mmap is None:
@@ -117,7 +124,7 @@ class Ring:
         return self._mmap
 
     @classmethod
-    def create(cls, layout, nslots, prefix=DEFAULT_PREFIX):
+    def create(cls: Type[_R], layout: BatchLayout, nslots: int, prefix: str = DEFAULT_PREFIX) -> _R:
         """Create a ring named ``<prefix><pid>-<random>``, owned by the calling process.
 
         OSError (ENOSPC) naming the sizes when /dev/shm cannot hold it.
@@ -131,7 +138,8 @@ class Ring:
         _check_room(size, nslots, layout.slot_size)
         name = f"{prefix}{os.getpid()}-{secrets.token_hex(4)}"
         shm = SharedMemory(name=name, create=True, size=size)
-        fd = mapping = None
+        fd: Optional[int] = None
+        mapping: Optional[mmap.mmap] = None
         try:
             fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -157,7 +165,7 @@ class Ring:
         return cls(name, layout, nslots, mapping, shm=shm, lock_fd=fd)
 
     @classmethod
-    def attach(cls, name, layout):
+    def attach(cls: Type[_R], name: str, layout: BatchLayout) -> _R:
         """Attach to the ring ``name``; ValueError unless it was created with ``layout``."""
         if not isinstance(layout, BatchLayout):
             raise TypeError(f"layout must be a BatchLayout, not {type(layout).__name__}")
@@ -183,11 +191,11 @@ class Ring:
             raise ValueError(f"cannot attach to ring {name!r}: {exn}") from exn
         return cls(name, layout, nslots, mapping)
 
-    def views(self, slot):
+    def views(self, slot: int) -> Dict[str, np.ndarray]:
         """``{field: array}`` over ``slot`` (zero-copy); see ``BatchLayout.views``."""
         return self.layout.views(self.buffer, slot)
 
-    def close(self):
+    def close(self) -> None:
         """Let go of the ring; the owner also unlinks it. Idempotent; see NOTE [ring ownership]."""
         mapping, self._mmap = self._mmap, None
         shm, self._shm = self._shm, None
@@ -205,25 +213,25 @@ class Ring:
             except BufferError:
                 pass  # arrays still view it: it is unmapped when the last of them goes
 
-    def __enter__(self):
+    def __enter__(self: _R) -> _R:
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         if "_mmap" in self.__dict__:  # fully built
             self.close()
 
-    def __reduce__(self):
+    def __reduce__(self) -> Tuple[Any, Tuple[str, BatchLayout]]:
         return (type(self).attach, (self.name, self.layout))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "closed" if self.closed else ("owner" if self.owner else "attached")
         return f"Ring({self.name!r}, nslots={self.nslots}, size={self.size}, {state})"
 
 
-def cleanup_stale(prefix=DEFAULT_PREFIX):
+def cleanup_stale(prefix: str = DEFAULT_PREFIX) -> List[str]:
     """Unlink rings ``<prefix><pid>-<random>`` in /dev/shm whose owner is dead; return their names.
 
     A segment is stale when its owner pid is not a live process and nobody
@@ -235,7 +243,7 @@ def cleanup_stale(prefix=DEFAULT_PREFIX):
     if not os.path.isdir(SHM_DIR):
         return []
     pattern = re.compile(re.escape(prefix) + r"(\d+)-[0-9a-f]{8}")
-    removed = []
+    removed: List[str] = []
     for entry in sorted(os.listdir(SHM_DIR)):
         match = pattern.fullmatch(entry)
         if match is None or pid_alive(int(match.group(1))):

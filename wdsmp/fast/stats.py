@@ -26,9 +26,15 @@ NOTE [stage times]
 import copy
 import sys
 from time import perf_counter_ns
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, cast
 
 from .._internal.timing import ReadClock
 from .bottleneck import diagnose
+
+if TYPE_CHECKING:
+    from ..epochs.plan import ShardRange
+    from .imagedecode import ImageInfo
+    from .messages import BatchReady
 
 __all__ = ["BATCH_FIELDS", "STAGES", "LoaderStats", "WorkerClock"]
 
@@ -51,11 +57,11 @@ class WorkerClock:
     __slots__ = ("started", "source_ns", "read_ns", "reads", "decode_ns", "resize_ns", "fill_ns", "slot_ns",
                  "images", "jpeg", "region", "scaled")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.reads = ReadClock()
         self.restart()
 
-    def restart(self, now=None):
+    def restart(self, now: Optional[int] = None) -> None:
         """Count from ``now`` (default: now), all at zero."""
         now = perf_counter_ns() if now is None else now
         self.started = now
@@ -64,7 +70,7 @@ class WorkerClock:
         reads = self.reads
         reads.ns = reads.shards = reads.cache_hits = reads.cache_misses = 0
 
-    def count_image(self, info):
+    def count_image(self, info: "ImageInfo") -> None:
         """One image written (an ``imagedecode.ImageInfo``)."""
         self.images += 1
         if info.kind == "jpeg":
@@ -72,7 +78,7 @@ class WorkerClock:
             self.region += info.region
             self.scaled += info.scale < 8
 
-    def batch_times(self):
+    def batch_times(self) -> Tuple[int, ...]:
         """The figures since the last batch (``BATCH_FIELDS`` order), and a new count from now."""
         now, reads = perf_counter_ns(), self.reads
         times = (now - self.started, reads.ns, self.read_ns - reads.ns, self.source_ns - self.read_ns,
@@ -85,17 +91,17 @@ class WorkerClock:
 class _Totals:
     """Sums over batches: the main process's ints and each worker's ``BATCH_FIELDS``."""
 
-    def __init__(self, num_workers):
+    def __init__(self, num_workers: int) -> None:
         self.batches = self.samples = self.skipped = self.padded = 0
         self.wait_ns = self.training_ns = self.transfer_ns = self.h2d_ns = self.copy_wait_ns = 0
         self.workers = [[0] * len(BATCH_FIELDS) for _ in range(num_workers)]
 
-    def copy(self):
+    def copy(self) -> "_Totals":
         other = copy.copy(self)
         other.workers = [list(w) for w in self.workers]
         return other
 
-    def minus(self, earlier):
+    def minus(self, earlier: "_Totals") -> "_Totals":
         """What was added since ``earlier`` (a ``copy()``)."""
         other = self.copy()
         for name in ("batches", "samples", "skipped", "padded", "wait_ns", "training_ns", "transfer_ns", "h2d_ns",
@@ -105,7 +111,7 @@ class _Totals:
         return other
 
 
-def _stages(fields, images):
+def _stages(fields: Sequence[int], images: int) -> Dict[str, Dict[str, float]]:
     """``{stage: {"seconds", "ms_per_image"}}`` of one worker's (or all workers') summed fields."""
     seconds = {name: fields[i] / 1e9 for name, i in _NS.items()}
     seconds["other"] = max(fields[_BUSY] / 1e9 - sum(seconds.values()), 0.0)
@@ -113,7 +119,7 @@ def _stages(fields, images):
             for name in STAGES}
 
 
-def _rate(count, ns):
+def _rate(count: int, ns: int) -> float:
     return count * 1e9 / ns if ns > 0 else 0.0
 
 
@@ -123,25 +129,31 @@ class LoaderStats:
     where the shards are (``bottleneck.shard_source``), ``cache_dir`` the loader's. What the
     epochs' plans left out or read twice is counted too (``add_plan``)."""
 
-    def __init__(self, report_every=None, *, num_workers=1, source="local files", cache_dir=None):
+    def __init__(self, report_every: Optional[float] = None, *, num_workers: int = 1, source: str = "local files",
+                 cache_dir: Optional[str] = None) -> None:
         self.report_every = report_every
         self.num_workers, self.source, self.cache_dir = num_workers, source, cache_dir
         self.totals = _Totals(num_workers)
         self.constructed = perf_counter_ns()
-        self.first = self.last = None  # perf_counter_ns() of the first and the last batch handed out
-        self.at_first = None  # a copy of ``totals`` with the first batch in: what start-up made
+        self.first: Optional[int] = None  # perf_counter_ns() of the first and the last batch handed out
+        self.last: Optional[int] = None
+        self.at_first: Optional[_Totals] = None  # a copy of ``totals`` with the first batch in: what start-up made
         self.first_samples = 0  # the first batch's
         self.startup_wait_ns = 0  # the wait for the first batch
-        self.handed_at = None  # when the batch the training loop holds now was handed out
-        self.reported = self.reported_at = None  # ``totals`` and the time at the last report (or the first batch)
+        self.handed_at: Optional[int] = None  # when the batch the training loop holds now was handed out
+        # ``totals`` and the time at the last report (or the first batch)
+        self.reported: Optional[_Totals] = None
+        self.reported_at: Optional[int] = None
         self.dropped = self.dropped_shards = self.repeated = self.repeated_shards = 0
-        self.pinned = self.pin_error = None  # under .cuda(): whether the ring is pinned, and CUDA's error if not
+        # under .cuda(): whether the ring is pinned, and CUDA's error if not
+        self.pinned: Optional[bool] = None
+        self.pin_error: Optional[str] = None
 
-    def start(self):
+    def start(self) -> None:
         """An epoch begins (``iter()``): the time since the last one ended is nobody's."""
         self.handed_at = None
 
-    def add_batch(self, message, waited_ns, epoch):
+    def add_batch(self, message: "BatchReady", waited_ns: int, epoch: int) -> None:
         """The batch of ``message`` (a ``BatchReady``) taken from its worker after ``waited_ns``."""
         totals = self.totals
         if self.first is None:
@@ -160,50 +172,51 @@ class LoaderStats:
             self.first, self.first_samples = now, message.count
             self.at_first = self.reported = totals.copy()
             self.reported_at = now
-        elif self.report_every is not None and (now - self.reported_at) / 1e9 >= self.report_every:
-            window = totals.minus(self.reported)
-            print(f"wdsmp FastLoader: {self.describe(epoch, window, now - self.reported_at)}", file=sys.stderr,
+        elif self.report_every is not None and (now - cast(int, self.reported_at)) / 1e9 >= self.report_every:
+            window = totals.minus(cast(_Totals, self.reported))
+            print(f"wdsmp FastLoader: {self.describe(epoch, window, now - cast(int, self.reported_at))}",
+                  file=sys.stderr,
                   flush=True)
             self.reported, self.reported_at = totals.copy(), now
 
-    def handed(self):
+    def handed(self) -> None:
         """A batch goes to the training loop now."""
         self.handed_at = perf_counter_ns()
 
-    def returned(self):
+    def returned(self) -> None:
         """The training loop asks for the next batch: it held the last one until now."""
         if self.handed_at is not None:
             self.totals.training_ns += perf_counter_ns() - self.handed_at
             self.handed_at = None
 
-    def add_transfer(self, ns):
+    def add_transfer(self, ns: int) -> None:
         """``ns`` spent on ``.cuda()``'s copies and GPU transforms."""
         self.totals.transfer_ns += ns
 
-    def add_h2d(self, ns):
+    def add_h2d(self, ns: int) -> None:
         """A batch's copy to the GPU took ``ns`` on the device."""
         self.totals.h2d_ns += ns
 
-    def add_copy_wait(self, ns):
+    def add_copy_wait(self, ns: int) -> None:
         """The main process waited ``ns`` for a copy to the GPU to finish."""
         self.totals.copy_wait_ns += ns
 
-    def pinning(self, ok, error=None):
+    def pinning(self, ok: bool, error: Optional[str] = None) -> None:
         """``.cuda()`` pinned the ring (``ok``), or could not (CUDA's ``error``)."""
         self.pinned, self.pin_error = ok, error
 
-    def add_stream_end(self, skipped, padded):
+    def add_stream_end(self, skipped: int, padded: int) -> None:
         """A worker's stream ended, having skipped ``skipped`` samples and padded ``padded`` rows."""
         self.totals.skipped += skipped
         self.totals.padded += padded
 
-    def _busy(self, steady, wall_ns):
+    def _busy(self, steady: _Totals, wall_ns: int) -> float:
         """The share of ``wall_ns`` the workers spent on batches (not waiting for slots), from
         ``steady``, totals that leave start-up out."""
         working = sum(w[_BUSY] - w[_NS["slot_wait"]] for w in steady.workers)
         return min(working / (wall_ns * self.num_workers), 1.0) if wall_ns > 0 else 0.0
 
-    def _figures(self, totals, busy):
+    def _figures(self, totals: _Totals, busy: float) -> Dict[str, Any]:
         """The stage figures of ``totals``, the workers ``busy`` that share of the time."""
         main = totals.wait_ns + totals.training_ns + totals.transfer_ns
         overall = [sum(column) for column in zip(*totals.workers)] or [0] * len(BATCH_FIELDS)
@@ -223,11 +236,11 @@ class LoaderStats:
                        "cache_misses": overall[_COUNT["cache_misses"]]},
         }
 
-    def _bottleneck(self, totals, figures):
+    def _bottleneck(self, totals: _Totals, figures: Dict[str, Any]) -> str:
         return diagnose(dict(figures, batches=totals.batches), num_workers=self.num_workers, source=self.source,
                         cache_dir=self.cache_dir)
 
-    def add_plan(self, dropped, repeated, whole_shards):
+    def add_plan(self, dropped: Sequence["ShardRange"], repeated: Sequence["ShardRange"], whole_shards: bool) -> None:
         """An epoch's plan: ``dropped``, the ``ShardRange``s no rank reads, and ``repeated``, those
         this rank reads twice (policy "pad"); samples counted where known, shards where the
         plan deals out ``whole_shards``."""
@@ -237,12 +250,12 @@ class LoaderStats:
             self.dropped_shards += len(dropped)
             self.repeated_shards += len(repeated)
 
-    def snapshot(self, epoch):
+    def snapshot(self, epoch: int) -> Dict[str, Any]:
         """The figures since the loader was made, as plain data (see ``FastLoader.stats``)."""
         totals = self.totals
-        elapsed = self.last - self.first if self.first is not None else 0
+        elapsed = cast(int, self.last) - self.first if self.first is not None else 0
         startup = self.first - self.constructed if self.first is not None else 0
-        busy = self._busy(totals.minus(self.at_first), elapsed) if self.first is not None else 0.0
+        busy = self._busy(totals.minus(cast(_Totals, self.at_first)), elapsed) if self.first is not None else 0.0
         figures = self._figures(totals, busy)
         return dict(
             {"epoch": epoch, "batches": totals.batches, "samples": totals.samples, "skipped": totals.skipped,
@@ -256,7 +269,7 @@ class LoaderStats:
                          "batch; images_per_s_with_startup over both"},
             **figures, bottleneck=self._bottleneck(totals, figures))
 
-    def describe(self, epoch, window, wall_ns):
+    def describe(self, epoch: int, window: _Totals, wall_ns: int) -> str:
         """One line: the rate and the bottleneck over ``window`` (totals over ``wall_ns``)."""
         figures = self._figures(window, self._busy(window, wall_ns))
         return (f"epoch {epoch}, {self.totals.batches:,} batches, {_rate(window.samples, wall_ns):,.0f} images/s; "

@@ -20,6 +20,7 @@ loader's workers take a value only when the slot's dtype holds it as it is:
 import functools
 import numbers
 import re
+from typing import Any, Tuple, Union, cast
 
 import numpy as np
 
@@ -30,7 +31,7 @@ _NUMBER = re.compile(rb"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?|[+
 _SPACE = b" \t\n\r\f\v"
 
 
-def integer_from_text(data):
+def integer_from_text(data: Any) -> int:
     """The integer that ``data`` (bytes, ASCII digits with an optional sign and surrounding white
     space) spells; ValueError otherwise."""
     text = bytes(data).strip(_SPACE)
@@ -39,7 +40,7 @@ def integer_from_text(data):
     return int(text)
 
 
-def numbers_from_text(data):
+def numbers_from_text(data: Any) -> np.ndarray:
     """The numbers in ``data`` (bytes), separated by white space, as an array (int64 when all are
     integers that fit, else float64, or object for larger integers); ValueError for anything
     that is not an ASCII decimal number."""
@@ -52,7 +53,7 @@ def numbers_from_text(data):
     return np.asarray([float(w) for w in words], dtype=np.float64)
 
 
-def fitted(value, dtype):
+def fitted(value: Any, dtype: Any) -> Union[int, np.ndarray]:
     """``value`` as an array of ``dtype`` (or an int that fits it) holding the same numbers (see
     the module docstring); ValueError naming the first element that does not fit."""
     dtype = dtype if isinstance(dtype, np.dtype) else np.dtype(dtype)
@@ -82,7 +83,7 @@ def fitted(value, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _bounds(dtype):
+def _bounds(dtype: np.dtype) -> Union[Tuple[int, int], Tuple[float, float]]:
     if dtype.kind == "b":
         return 0, 1
     if dtype.kind in "iu":
@@ -92,7 +93,7 @@ def _bounds(dtype):
     return -largest, largest
 
 
-def _refuse(element, dtype, index=()):
+def _refuse(element: Any, dtype: np.dtype, index: Tuple[int, ...] = ()) -> None:
     """The ValueError for ``element`` (a number), element ``index`` of a value, in ``dtype``."""
     x = element.item() if isinstance(element, np.generic) else element
     low, high = _bounds(dtype)
@@ -108,7 +109,7 @@ def _refuse(element, dtype, index=()):
     raise ValueError(f"{where}{repr(x)[:40]} {problem}: it does not fit {_name(dtype)} as it is")
 
 
-def _objects(array, dtype):
+def _objects(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """An array of Python numbers (integers beyond int64 and uint64, say) checked one by one."""
     items = list(array.flat) if array.dtype.kind == "O" else None
     if items is None or not all(isinstance(x, numbers.Number) for x in items):
@@ -118,15 +119,15 @@ def _objects(array, dtype):
         if isinstance(x, numbers.Integral):
             fits = low <= int(x) <= high
         elif isinstance(x, numbers.Real):
-            fits = dtype.kind not in "iub" or (float(x).is_integer() and low <= int(x) <= high)
+            fits = dtype.kind not in "iub" or (float(x).is_integer() and low <= int(cast(Any, x)) <= high)
         else:
             fits = dtype.kind == "c"
-        if not fits or (dtype.kind not in "iub" and isinstance(x, numbers.Real) and abs(x) > high):
+        if not fits or (dtype.kind not in "iub" and isinstance(x, numbers.Real) and abs(cast(Any, x)) > high):
             _refuse(x, dtype, tuple(int(j) for j in np.unravel_index(i, array.shape)))
     return np.array([complex(x) if dtype.kind == "c" else x for x in items], dtype=dtype).reshape(array.shape)
 
 
-def _text(array, dtype):
+def _text(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
     if array.dtype.kind not in "SU":
         raise ValueError(f"{_show(array)} ({array.dtype}) is not text or bytes, for a {_name(dtype)} field")
     try:
@@ -142,10 +143,10 @@ def _text(array, dtype):
     return encoded
 
 
-def _name(dtype):
+def _name(dtype: Any) -> str:
     return str(dtype).lstrip("|")
 
 
-def _show(array):
+def _show(array: np.ndarray) -> str:
     text = np.array2string(array, threshold=6) if array.ndim else repr(array.item())
     return text[:80]

@@ -10,6 +10,7 @@ the same labels would be.
 """
 
 import warnings
+from typing import Any, List, Optional
 
 import numpy as np
 
@@ -20,7 +21,7 @@ MIN_EXPECTED = 3  # judged only where uniform batches would hold at least this m
 THRESHOLD = 0.7  # warn below this share of the distinct labels a uniform draw gives (well-mixed batches: ~1.0)
 
 
-def expected_distinct(counts, batch_size):
+def expected_distinct(counts: Any, batch_size: int) -> float:
     """The mean number of distinct labels in ``batch_size`` draws, with replacement, from labels
     seen ``counts`` times each: the sum over labels of 1 - (1 - p) ** batch_size."""
     p = np.asarray(counts, dtype=np.float64)
@@ -32,13 +33,13 @@ class LabelVariety:
     """Watches the labels of the first ``BATCHES`` full batches; ``why`` (text, may be None) says
     why the loader reads shard by shard, for the warning."""
 
-    def __init__(self, why=None):
+    def __init__(self, why: Optional[str] = None) -> None:
         self.why = why
-        self.distinct = []
-        self.labels = []
+        self.distinct: List[int] = []
+        self.labels: List[np.ndarray] = []
         self.done = False
 
-    def observe(self, labels):
+    def observe(self, labels: Any) -> None:
         """The labels of a batch handed out (a 1-d integer array)."""
         if self.done:
             return
@@ -49,7 +50,7 @@ class LabelVariety:
             self.done = True
             self._judge(len(labels))
 
-    def _judge(self, batch_size):
+    def _judge(self, batch_size: int) -> None:
         _, counts = np.unique(np.concatenate(self.labels), return_counts=True)
         self.labels = []
         uniform = expected_distinct(counts, batch_size)
