@@ -39,14 +39,15 @@ import io
 import math
 import re
 from time import perf_counter_ns
-from typing import NamedTuple, Tuple
+from typing import Any, Callable, NamedTuple, Optional, Protocol, Tuple, Union, cast
 
 import numpy as np
 
 from ..native import core as native
 from ..errors import DecodeError
-from ..images.size import (MAX_PIXELS, MAX_SIDE, ImageTooLarge, check_before_opening, check_budget, check_jpeg,
-                         check_size, is_jpeg, jpeg_size, loader_pixel_budget)
+from ..images.jpeg import decode_jpeg, jpeg_header, scaled_size
+from ..images.size import (MAX_PIXELS, MAX_SIDE, ImageTooLarge, check_before_opening, check_budget, check_size,
+                           is_jpeg, jpeg_size, loader_pixel_budget)
 from .options import DecodeOptions, positive_range, unit_fraction
 
 __all__ = [
@@ -61,6 +62,26 @@ __all__ = [
     "jpeg_size",
     "random_resized_crop_box",
 ]
+
+Box = Tuple[float, float, float, float]  # (y0, x0, h, w) in source pixels
+_Buffer = Union[bytes, bytearray, memoryview]
+_BoxOf = Callable[[int, int], Box]
+# (pixels, height, width, box, the box in the decoded pixels, kind, scale, region)
+_Decoded = Tuple[np.ndarray, int, int, Box, Box, str, int, bool]
+
+
+class _Random(Protocol):
+    """What the crops draw from: ``random.Random`` or a numpy ``Generator``."""
+
+    def random(self) -> float: ...
+
+
+class _Clock(Protocol):
+    """Where :func:`decode_with_options` adds its time (``stats.WorkerClock``)."""
+
+    decode_ns: int
+    resize_ns: int
+
 
 _JPEG_END = b"\xff\xd9"  # the end-of-image marker
 _NPY_MAGIC = b"\x93NUMPY"
@@ -82,16 +103,17 @@ class ImageInfo(NamedTuple):
     region: bool = False  # a JPEG decoded only over the region the crop reads (NOTE [jpeg regions])
 
 
-def _uniform(rng, low, high):
+def _uniform(rng: _Random, low: float, high: float) -> float:
     return low + (high - low) * rng.random()
 
 
-def _randint(rng, n):
+def _randint(rng: _Random, n: int) -> int:
     """A uniform integer in ``[0, n)``."""
     return min(int(rng.random() * n), n - 1)
 
 
-def random_resized_crop_box(height, width, rng, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+def random_resized_crop_box(height: int, width: int, rng: _Random, scale: Tuple[float, float] = (0.08, 1.0),
+                            ratio: Tuple[float, float] = (3 / 4, 4 / 3)) -> Box:
     """torchvision's ``RandomResizedCrop.get_params``: ``(y0, x0, h, w)`` in source pixels.
 
     Ten tries at a box of a random area fraction in ``scale`` and a log-uniform
@@ -105,7 +127,7 @@ def random_resized_crop_box(height, width, rng, scale=(0.08, 1.0), ratio=(3 / 4,
     return _random_box(height, width, rng, positive_range(scale, "scale"), positive_range(ratio, "ratio"))
 
 
-def _random_box(height, width, rng, scale, ratio):
+def _random_box(height: int, width: int, rng: _Random, scale: Tuple[float, float], ratio: Tuple[float, float]) -> Box:
     """:func:`random_resized_crop_box` on arguments known to be valid."""
     area = height * width
     log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
@@ -126,7 +148,7 @@ def _random_box(height, width, rng, scale, ratio):
     return (height - h) // 2, (width - w) // 2, h, w
 
 
-def center_crop_box(height, width, size, resize_ratio=0.875):
+def center_crop_box(height: int, width: int, size: Union[int, Tuple[int, int]], resize_ratio: float = 0.875) -> Box:
     """The eval box: ``(y0, x0, h, w)`` in source pixels (floats).
 
     The convention is torchvision's ``Resize(S)`` then ``CenterCrop(size)``
@@ -138,7 +160,7 @@ def center_crop_box(height, width, size, resize_ratio=0.875):
     gives the same pixel grid as resizing the whole image and cropping.
     ``size`` is an int or ``(h, w)``.
     """
-    out_h, out_w = (size, size) if np.ndim(size) == 0 else size
+    out_h, out_w = cast(Tuple[int, int], (size, size) if np.ndim(size) == 0 else size)
     if height < 1 or width < 1:
         raise ValueError(f"image size {height}x{width} is empty")
     if out_h < 1 or out_w < 1:
@@ -146,7 +168,7 @@ def center_crop_box(height, width, size, resize_ratio=0.875):
     return _center_box(height, width, out_h, out_w, unit_fraction(resize_ratio, "resize_ratio", zero=False))
 
 
-def _center_box(height, width, out_h, out_w, resize_ratio):
+def _center_box(height: int, width: int, out_h: int, out_w: int, resize_ratio: float) -> Box:
     """:func:`center_crop_box` on arguments known to be valid."""
     short = math.floor(max(out_h, out_w) / resize_ratio)
     if width <= height:
@@ -159,7 +181,7 @@ def _center_box(height, width, out_h, out_w, resize_ratio):
     return y0, x0, min(out_h * sy, height - y0), min(out_w * sx, width - x0)
 
 
-def dct_scale(height, width, box_h, box_w, out_h, out_w):
+def dct_scale(height: int, width: int, box_h: float, box_w: float, out_h: int, out_w: int) -> int:
     """The numerator ``n`` of the libjpeg-turbo scale ``n/8`` to decode at: the
     smallest of 1/8, 1/4 and 1/2 that leaves the box at least ``out_h x out_w``,
     else 8 (full size).
@@ -184,7 +206,7 @@ class _Refused(ValueError):
     """An image this module will not decode; :func:`decode_into` reraises it as a DecodeError."""
 
 
-def _pnm_pixels(data):
+def _pnm_pixels(data: _Buffer) -> Optional[np.ndarray]:
     """HxWxC pixels of a binary 8-bit PPM (P6) or PGM (P5), viewing ``data``; None for other PNMs."""
     channels = 3 if data[:2] == b"P6" else 1
     numbers, pos = [], 2
@@ -205,7 +227,7 @@ def _pnm_pixels(data):
     return np.frombuffer(data, np.uint8, size, pos).reshape(height, width, channels)
 
 
-def _npy_pixels(data):
+def _npy_pixels(data: _Buffer) -> np.ndarray:
     """HxWxC pixels of an ``.npy`` uint8 array (HxWx3, HxWx1 or HxW), viewing ``data`` when C-ordered."""
     stream = io.BytesIO(data)
     version = np.lib.format.read_magic(stream)
@@ -226,7 +248,7 @@ def _npy_pixels(data):
     return np.ascontiguousarray(pixels)
 
 
-def _pil_pixels(data, box_of, out_size, dct_scaling, budget):
+def _pil_pixels(data: _Buffer, box_of: _BoxOf, out_size: Tuple[int, int], dct_scaling: bool, budget: int) -> _Decoded:
     """``(pixels, height, width, box, box in pixels, "pil", scale, False)`` through Pillow: the size is
     checked before the pixels are decoded, a JPEG is decoded at the DCT scale that covers the
     box (Pillow's ``draft``), and what is decoded is held to ``budget`` pixels (formats other
@@ -262,24 +284,21 @@ def _pil_pixels(data, box_of, out_size, dct_scaling, budget):
     return pixels, height, width, box, scaled if (sy, sx) != (1, 1) else box, "pil", n, False
 
 
-def _jpeg_pixels(data, box_of, out_size, dct_scaling, region, budget):
+def _jpeg_pixels(data: _Buffer, box_of: _BoxOf, out_size: Tuple[int, int], dct_scaling: bool, region: bool,
+                 budget: int) -> Optional[_Decoded]:
     """``(pixels, height, width, box, box in pixels, kind, scale, region)`` of a JPEG, decoded at a DCT
     scale that covers the box, only the region the crop needs when ``region`` and the
     region decoder is built (NOTE [jpeg regions]); None for what libjpeg-turbo cannot
     read or would convert differently (CMYK). What it refuses after the header goes to
     Pillow, as in autodecode: Pillow reads some damaged files (extraneous bytes, bad
     markers) that strict libjpeg-turbo does not, and the reference path decodes them."""
-    size = jpeg_size(data)
+    size = jpeg_header(data, budget)
     if size is None:
         return None
-    check_jpeg(data, budget)
-    import simplejpeg
-
     height, width = size
     box = box_of(height, width)
     n = dct_scale(height, width, box[2], box[3], *out_size) if dct_scaling else 8
-    # libjpeg-turbo makes each side ceil(side n / 8) pixels.
-    scaled_h, scaled_w = -(-height * n // 8), -(-width * n // 8)
+    scaled_h, scaled_w = scaled_size(height, width, n)
     y0, x0, h, w = (v * n / 8 for v in box)  # the box in the scaled image's pixels
     inside = (y0, x0, min(h, scaled_h - y0), min(w, scaled_w - x0))
     # Without its end-of-image marker a file may be cut short: decoded whole, it is refused
@@ -298,17 +317,13 @@ def _jpeg_pixels(data, box_of, out_size, dct_scaling, region, budget):
             y, x = y0 - top, x0 - left
             return pixels, height, width, box, (y, x, min(inside[2], pixels.shape[0] - y),
                                                 min(inside[3], pixels.shape[1] - x)), "jpeg", n, True
-    # ceil(side n / 8): simplejpeg then picks exactly n/8 (see dct_scale).
-    check_budget(scaled_h, scaled_w, budget, "the JPEG image")
-    scaled = {} if n == 8 else {"min_height": scaled_h, "min_width": scaled_w}
-    try:
-        pixels = simplejpeg.decode_jpeg(data, "RGB", **scaled)
-    except ValueError:
+    pixels = decode_jpeg(data, size, budget, "RGB", n)
+    if pixels is None:
         return _pil_pixels(data, lambda h, w: box, out_size, dct_scaling, budget)
     return pixels, height, width, box, box if n == 8 else inside, "jpeg", n, False
 
 
-def _region_span(start, length, out, size):
+def _region_span(start: float, length: float, out: int, size: int) -> Tuple[int, int]:
     """``[lo, hi)``: the rows (or columns) of a ``size``-pixel axis that the resize kernel
     reads to make ``out`` pixels of ``[start, start + length)``, plus one on each side
     (NOTE [jpeg regions])."""
@@ -316,8 +331,10 @@ def _region_span(start, length, out, size):
     return max(0, math.floor(start - support) - 1), min(size, math.ceil(start + length + support) + 1)
 
 
-def decode_into(data, out, train, rng, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=0.5,
-                resize_ratio=0.875, dct_scaling=True, region=True, url=None, member=None):
+def decode_into(data: Any, out: np.ndarray, train: bool, rng: Optional[_Random], *,
+                scale: Tuple[float, float] = (0.08, 1.0), ratio: Tuple[float, float] = (3 / 4, 4 / 3),
+                flip: float = 0.5, resize_ratio: float = 0.875, dct_scaling: bool = True, region: bool = True,
+                url: Optional[str] = None, member: Optional[str] = None) -> ImageInfo:
     """Decode one image's bytes into ``out`` (an HxWx3 uint8 C-contiguous array,
     e.g. a slot row) and return an :class:`ImageInfo`.
 
@@ -348,7 +365,9 @@ def decode_into(data, out, train, rng, *, scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3
     return decode_with_options(data, out, options, rng, url=url, member=member)
 
 
-def decode_with_options(data, out, options, rng, *, url=None, member=None, clock=None):
+def decode_with_options(data: Any, out: np.ndarray, options: DecodeOptions, rng: Optional[_Random], *,
+                        url: Optional[str] = None, member: Optional[str] = None,
+                        clock: Optional[_Clock] = None) -> ImageInfo:
     """:func:`decode_into` with its crop arguments in ``options`` (a ``DecodeOptions``, checked
     when it was made): the per-image path of the loader's workers, which checks them no more.
     ``clock``, if given, gets the nanoseconds spent decoding added to its ``decode_ns`` and
@@ -357,10 +376,11 @@ def decode_with_options(data, out, options, rng, *, url=None, member=None, clock
             and out.flags.c_contiguous and out.flags.writeable):
         raise ValueError(f"out must be a writable C-contiguous HxWx3 uint8 array, not "
                          f"{getattr(out, 'dtype', type(out))} {getattr(out, 'shape', '')}")
-    train, out_size = options.train, out.shape[:2]
+    train, out_size = options.train, (out.shape[0], out.shape[1])
 
-    def box_of(height, width):
+    def box_of(height: int, width: int) -> Box:
         if train:
+            assert rng is not None, "train=True draws its crops from an rng"
             return _random_box(height, width, rng, options.scale, options.ratio)
         return _center_box(height, width, *out_size, options.resize_ratio)
 
@@ -385,16 +405,17 @@ def decode_with_options(data, out, options, rng, *, url=None, member=None, clock
     except (ValueError, OSError, SyntaxError) as exn:  # how libjpeg-turbo, numpy and Pillow report damage
         raise DecodeError(f"cannot decode the image ({type(exn).__name__}: {exn})", url, member) from exn
     decoded_at = perf_counter_ns()
-    flipped = bool(train and options.flip and rng.random() < options.flip)
+    flipped = bool(train and options.flip and rng is not None and rng.random() < options.flip)
     _resize(pixels, scaled, out, flipped)
     if clock is not None:
         end = perf_counter_ns()
         clock.decode_ns += decoded_at - start
         clock.resize_ns += end - decoded_at
-    return ImageInfo(height, width, tuple(box), flipped, pixels.shape[:2], kind, scale, region)
+    return ImageInfo(height, width, box, flipped, (pixels.shape[0], pixels.shape[1]), kind, scale, region)
 
 
-def _raw_pixels(data, box_of, out_size, dct_scaling, budget):
+def _raw_pixels(data: _Buffer, box_of: _BoxOf, out_size: Tuple[int, int], dct_scaling: bool,
+                budget: int) -> _Decoded:
     """``(pixels, height, width, box, box in pixels, kind, scale, region)`` of anything but a JPEG
     libjpeg-turbo decodes: PNM and ``.npy`` pixels as they are, the rest through Pillow."""
     head = bytes(data[:6])
@@ -409,7 +430,7 @@ def _raw_pixels(data, box_of, out_size, dct_scaling, budget):
     return pixels, pixels.shape[0], pixels.shape[1], box, box, kind, 8, False
 
 
-def _array_pixels(value):
+def _array_pixels(value: Any) -> np.ndarray:
     """HxWxC pixels of an already decoded image: a uint8 array (HxWx3, HxWx1 or HxW) or
     anything ``numpy.asarray`` makes one of (a PIL image)."""
     pixels = np.asarray(value)
@@ -420,7 +441,7 @@ def _array_pixels(value):
     return np.ascontiguousarray(pixels if pixels.ndim == 3 else pixels[:, :, None])
 
 
-def _resize(pixels, box, out, flipped):
+def _resize(pixels: np.ndarray, box: Box, out: np.ndarray, flipped: bool) -> None:
     """The kernel in use (native or twin) on one box; one-channel sources are expanded to RGB."""
     crop_resize_flip = native.imgops_module().crop_resize_flip
     if pixels.shape[2] == 3:

@@ -35,7 +35,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple, Union
 import numpy as np
 
 from ..native import core as native
-from .size import MAX_PIXELS, MAX_SIDE, check_before_opening, check_budget, check_jpeg, check_size, jpeg_size
+from .jpeg import decode_jpeg, jpeg_header
+from .size import MAX_PIXELS, MAX_SIDE, check_before_opening, check_budget, check_size
 
 if TYPE_CHECKING:
     import PIL.Image
@@ -56,8 +57,10 @@ def jpeg_image(data: _Buffer, mode: str, budget: int, lazy: bool = False) -> Opt
     decoded, for more than ``budget`` pixels. ``lazy``: an RGB image of a baseline JPEG is a
     ``wdsmp.images.lazyjpeg.LazyJpegImage``, decoded when its pixels are first read, a crop's or a
     resize's region alone where that is all they read (NOTE [region geometry] there)."""
-    if _jpeg_within_budget(data, budget) is None:
+    size = jpeg_header(data, budget)
+    if size is None:
         return None
+    check_budget(*size, budget, "the JPEG image")  # decoded whole, by this module or by Pillow
     import PIL.Image
 
     try:
@@ -137,24 +140,8 @@ def _jpeg_pixels(data: _Buffer, mode: str, budget: int) -> Optional[np.ndarray]:
     """HxWxC uint8 pixels (RGB or RGBA) of a JPEG through libjpeg-turbo; None to leave it to
     Pillow (CMYK/YCCK files, which libjpeg-turbo converts by another formula than Pillow's,
     damaged ones, and what simplejpeg does not read)."""
-    if _jpeg_within_budget(data, budget) is None:
-        return None
-    import simplejpeg
-
-    try:
-        return simplejpeg.decode_jpeg(data, colorspace=_JPEG_COLORSPACES[mode])
-    except ValueError:
-        return None
-
-
-def _jpeg_within_budget(data: _Buffer, budget: int) -> Optional[Tuple[int, int]]:
-    """A JPEG's ``(height, width)`` from its header, None when it has none to read; ImageTooLarge,
-    before any pixel is decoded, past ``budget`` pixels or a progressive file's cost (``check_jpeg``)."""
-    size = jpeg_size(data)
-    if size is not None:
-        check_budget(*size, budget, "the JPEG image")
-        check_jpeg(data, budget)
-    return size
+    size = jpeg_header(data, budget)
+    return None if size is None else decode_jpeg(data, size, budget, _JPEG_COLORSPACES[mode])
 
 
 def _pil_image(data: _Buffer, mode: str, budget: int) -> "PIL.Image.Image":
