@@ -20,6 +20,8 @@ counts stay unknown and the caller needs them (``required_by``), the error
 gives the ``wdsmp index`` command that writes the index.
 """
 
+from __future__ import annotations
+
 import base64
 import hashlib
 import json
@@ -30,7 +32,7 @@ import warnings
 import zlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, TypeVar, Union, cast
 
 import numpy as np
 
@@ -50,6 +52,9 @@ __all__ = ["CountCache", "ShardWalk", "count_local_shard", "count_local_shards",
 
 _THREADS = 8  # shards counted at once: the walk waits on reads, not on the CPU
 
+_V = TypeVar("_V")
+_Urls = Union[str, Sequence[Union[str, Tuple[str, Optional[int]]]]]  # a loader's urls: see known_counts
+
 
 @dataclass(frozen=True)
 class ShardWalk:
@@ -64,11 +69,13 @@ class ShardWalk:
     file: Tuple[int, ...] = ()  # what identified the file walked (``file_identity``), where known
 
 
-def walk_local_shard(path, url=None, handler=reraise_exception):
+def walk_local_shard(path: str, url: Optional[str] = None,
+                     handler: Callable[[Exception], Any] = reraise_exception) -> ShardWalk:
     """The ``ShardWalk`` of the local shard file ``path`` (named ``url`` in errors). A damaged
     shard raises its ``TarFormatError`` unless ``handler`` goes on: then the samples before the
     damage count, as the reader yields them."""
     url = path if url is None else url
+    members: List[Tuple[str, int, int]]
     members, why, boundary = [], None, SHARD_END
     with open(path, "rb", buffering=0) as file:
         try:
@@ -91,13 +98,14 @@ def walk_local_shard(path, url=None, handler=reraise_exception):
     return ShardWalk(len(spans), np.array(spans, dtype=np.int64).reshape(-1, 2))
 
 
-def count_local_shard(path, url=None, handler=reraise_exception):
+def count_local_shard(path: str, url: Optional[str] = None,
+                      handler: Callable[[Exception], Any] = reraise_exception) -> int:
     """The number of samples the reader makes of the local shard file ``path`` (named ``url``
     in errors); see ``walk_local_shard``."""
     return walk_local_shard(path, url, handler).count
 
 
-def _packed_spans(walk):
+def _packed_spans(walk: ShardWalk) -> Optional[str]:
     """A walk's spans as text for the cache: gaps and lengths (small numbers), compressed."""
     if walk.spans is None:
         return None
@@ -106,7 +114,7 @@ def _packed_spans(walk):
     return base64.b64encode(zlib.compress(steps.astype("<i8").tobytes())).decode("ascii")
 
 
-def _unpacked_spans(text, count, size):
+def _unpacked_spans(text: str, count: int, size: int) -> Optional[np.ndarray]:
     """The spans kept as ``text``, or None unless they are ``count`` ordered, block-aligned spans
     within a file of ``size`` bytes."""
     try:
@@ -145,14 +153,14 @@ class CountCache:
     those shards are counted again. ``root`` is made private (mode 0700) when made here.
     """
 
-    def __init__(self, root):
+    def __init__(self, root: str) -> None:
         self.root = root
 
-    def _file(self, directory):
+    def _file(self, directory: str) -> str:
         digest = hashlib.sha256(os.fsencode(directory)).hexdigest()[:24]
         return os.path.join(self.root, f".shardcounts-{digest}.json")
 
-    def _read(self, directory):
+    def _read(self, directory: str) -> Dict[str, Any]:
         try:
             fd = os.open(self._file(directory), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
         except OSError:
@@ -171,7 +179,7 @@ class CountCache:
         shards = entries.get("shards")
         return shards if isinstance(shards, dict) else {}
 
-    def lookup(self, paths, spans=False):
+    def lookup(self, paths: Mapping[str, os.stat_result], spans: bool = False) -> Dict[str, ShardWalk]:
         """``{path: ShardWalk}`` for those of ``paths`` (real paths, with their ``os.stat_result``
         as values) whose count is kept, fits the file as it is now, and could be its count;
         ``spans=True``: only those whose spans are kept too (or known not to be readable)."""
@@ -199,7 +207,7 @@ class CountCache:
                 found[path] = walk
         return found
 
-    def store(self, walks):
+    def store(self, walks: Mapping[str, Tuple[os.stat_result, ShardWalk]]) -> None:
         """Keep ``{path: (os.stat_result, ShardWalk)}``; a cache that cannot be written is warned
         about and does without (the shards are then walked again next time)."""
         for directory, group in _by_directory(walks).items():
@@ -224,30 +232,34 @@ class CountCache:
                               f"they will be counted again", RuntimeWarning, stacklevel=3)
 
 
-def file_identity(info):
+def file_identity(info: os.stat_result) -> Tuple[int, int, int, int]:
     """What tells one version of a file from another, from its ``os.stat_result``: size, mtime,
     inode and ctime (a file rewritten, also one whose mtime was put back, differs)."""
     return (info.st_size, info.st_mtime_ns, info.st_ino, info.st_ctime_ns)
 
 
-def _identity(info):
+def _identity(info: os.stat_result) -> List[int]:
     return list(file_identity(info))  # as kept in the cache's JSON
 
 
-def _by_directory(items):
-    groups = {}
+def _by_directory(items: Mapping[str, _V]) -> Dict[str, Dict[str, _V]]:
+    groups: Dict[str, Dict[str, _V]] = {}
     for path, value in items.items():
         groups.setdefault(os.path.dirname(path), {})[path] = value
     return groups
 
 
-def walk_local_shards(paths, cache_dir=None, handler=reraise_exception, spans=False):
+def walk_local_shards(paths: Sequence[str], cache_dir: Optional[str] = None,
+                      handler: Callable[[Exception], Any] = reraise_exception,
+                      spans: bool = False) -> Dict[str, ShardWalk]:
     """``{path: ShardWalk}`` for the local shard files ``paths``: from the count cache (under
     ``cache_dir`` when given, else the user's cache directory, ``env.user_cache_dir``) where
     it knows them, else walked, several at once, and kept there (``handler``: see
     ``walk_local_shard``; a damaged shard's walk is not kept). ``spans=True``: the walks must
     have each sample's span (an entry kept with its count alone is walked again). Errors name
     the path given."""
+    given: Dict[str, str]
+    stats: Dict[str, os.stat_result]
     given, stats = {}, {}  # by real path: a name for errors, and what the cache is keyed on
     for path in paths:
         real = os.path.realpath(path)
@@ -260,10 +272,10 @@ def walk_local_shards(paths, cache_dir=None, handler=reraise_exception, spans=Fa
     walks = cache.lookup(stats, spans)
     todo = [real for real in stats if real not in walks]
     if todo:
-        def walk(real):
-            damaged = []
+        def walk(real: str) -> Tuple[ShardWalk, bool]:
+            damaged: List[Any] = []
 
-            def keep_going(exn):  # the damaged shard's walk is not kept
+            def keep_going(exn: Exception) -> Any:  # the damaged shard's walk is not kept
                 damaged.append(handler(exn))
                 return damaged[-1]
 
@@ -277,14 +289,17 @@ def walk_local_shards(paths, cache_dir=None, handler=reraise_exception, spans=Fa
             for path in paths}
 
 
-def count_local_shards(paths, cache_dir=None, handler=reraise_exception):
+def count_local_shards(paths: Sequence[str], cache_dir: Optional[str] = None,
+                       handler: Callable[[Exception], Any] = reraise_exception) -> Dict[str, int]:
     """``{path: count}`` for the local shard files ``paths``; see ``walk_local_shards``."""
     return {path: walk.count for path, walk in walk_local_shards(paths, cache_dir, handler).items()}
 
 
-def _index_counts(urls):
+def _index_counts(urls: Iterable[str]) -> Tuple[Dict[str, int], Dict[str, str]]:
     """``({url: count}, {index URL: why it is not usable})`` from the shard indexes beside the
     remote ``urls``."""
+    counts: Dict[str, int]
+    missing: Dict[str, str]
     counts, missing = {}, {}
     for index in dict.fromkeys(index_beside(url) for url in urls):
         if index is None:
@@ -296,8 +311,9 @@ def _index_counts(urls):
     return counts, missing
 
 
-def known_counts(urls, index=None, *, cache_dir=None, handler=reraise_exception, required_by=None,
-                 otherwise=None):
+def known_counts(urls: _Urls, index: Optional[str] = None, *, cache_dir: Optional[str] = None,
+                 handler: Callable[[Exception], Any] = reraise_exception, required_by: Optional[str] = None,
+                 otherwise: Optional[str] = None) -> Tuple[Tuple[str, Optional[int]], ...]:
     """``((url, count or None), ...)`` for a loader's ``urls`` (a shard spec, URLs or ``(url,
     count)`` pairs, or a shard index) and ``index`` (see ``shardindex.shard_counts``), with the
     counts the data can give (module docstring). ShardError for a local shard that does not
@@ -305,14 +321,15 @@ def known_counts(urls, index=None, *, cache_dir=None, handler=reraise_exception,
     with the command that writes an index (and ``otherwise``, another way out), when some
     count stays unknown."""
     table = list(shard_counts(urls, index))
-    local = {url: local_path(url) for url, _ in table if local_path(url) is not None}
+    local = cast(Dict[str, str], {url: local_path(url) for url, _ in table if local_path(url) is not None})
     absent = [url for url, path in local.items() if not os.path.isfile(path)]
     if absent:
         path = local[absent[0]]
         more = f" (and {len(absent) - 1} more of the shards)" if len(absent) > 1 else ""
         raise ShardError(("no such file" if path == absent[0] else f"no such file {path!r}") + more, url=absent[0])
     unknown = [url for url, count in table if count is None and url in local]
-    counted = count_local_shards([local[url] for url in unknown], cache_dir, handler) if unknown else {}
+    counted = cast(Dict[Optional[str], int],  # keyed by local path: a URL that is not local gets the default
+                   count_local_shards([local[url] for url in unknown], cache_dir, handler) if unknown else {})
     remote = [url for url, count in table if count is None and url not in local]
     found, missing = _index_counts(remote) if remote else ({}, {})
     table = [(url, count if count is not None else counted.get(local.get(url), found.get(url))) for url, count in table]
@@ -322,9 +339,10 @@ def known_counts(urls, index=None, *, cache_dir=None, handler=reraise_exception,
     return tuple(table)
 
 
-def _needs_index(who, otherwise, urls, unknown, missing):
+def _needs_index(who: str, otherwise: Optional[str], urls: _Urls, unknown: Sequence[str],
+                 missing: Mapping[str, str]) -> str:
     """The error text for shards without counts: where wdsmp looked, and the command to run."""
-    beside = sorted({index_beside(url) for url in unknown} - {None})
+    beside = sorted(cast(Set[str], {index_beside(url) for url in unknown} - {None}))
     looked = "; ".join(f"{index}: {missing.get(index, 'it does not list them')}" for index in beside[:3])
     spec = urls if isinstance(urls, str) else " ".join(unknown[:3]) + (" ..." if len(unknown) > 3 else "")
     shards = "1 shard has" if len(unknown) == 1 else f"{len(unknown)} shards have"

@@ -48,10 +48,12 @@ NOTE [exact epochs in the reference path]
       the source is pickled for them.
 """
 
+from __future__ import annotations
+
 import warnings
 from dataclasses import replace
 from itertools import islice
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 from torch.utils.data import DataLoader, get_worker_info
 
@@ -78,13 +80,15 @@ class _PlanStream:
     """One stream of the plan (its ``StreamPlan``), read forward batch by batch through the reader
     FastLoader's workers use (``stream.stream_samples``)."""
 
-    def __init__(self, plan: StreamPlan, shuffle_buffer: int, handler: Callable[[BaseException], bool],
+    def __init__(self, plan: StreamPlan, shuffle_buffer: int, handler: Callable[[Exception], Any],
                  cache_dir: Optional[str], first_batch: int, counts: List[Optional[int]],
                  spans: Optional[SpanReader]) -> None:
         self.batch_size = plan.batch_size
         plan = replace(plan, skip_batches=first_batch)
         start = stream_start(plan, shuffle_buffer)
-        self.samples = stream_samples(plan, start, shuffle_buffer=shuffle_buffer, spans=spans, handler=handler,
+        # The readers under stream_samples call the handler with Exceptions only.
+        self.samples = stream_samples(plan, start, shuffle_buffer=shuffle_buffer, spans=spans,
+                                      handler=cast(Callable[[BaseException], bool], handler),
                                       cache_dir=cache_dir, counts=counts)
         self.position = first_batch * self.batch_size
 
@@ -174,7 +178,7 @@ class ExactSamples(CountedSource):
         self.resume: Optional[Dict[str, Any]] = None  # a loaded state, for its epoch
         self.plan(1)  # bad arguments (rank, too few samples) fail here, not in a worker
 
-    def __getstate__(self):
+    def __getstate__(self) -> Dict[str, Any]:
         """Pickled for DataLoader workers, which do not inherit the process group: with this
         process's rank and world size fixed (NOTE [exact epochs ...], Rank)."""
         state = dict(self.__dict__)
@@ -195,9 +199,11 @@ class ExactSamples(CountedSource):
                           seed=self.seed, rank=rank, world_size=world_size, num_streams=streams,
                           policy=self.policy, shuffle=self.shuffle, order=self.order)
 
-    def __len__(self):
+    def __len__(self) -> int:
         """Batches per rank in an epoch (the same on every rank)."""
-        return self.plan(1).batches_per_rank
+        batches = self.plan(1).batches_per_rank
+        assert batches is not None  # exact: known_counts gave every shard's count (required_by)
+        return batches
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration epoch ``epoch``; a loaded state of another epoch is dropped."""
@@ -242,12 +248,13 @@ class ExactSamples(CountedSource):
         self.epoch = int(epoch)
         self.resume = {"epoch": self.epoch, "batches_done": done, "streams": streams}
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
         _, _, worker, num_workers = pytorch_worker_info()
         inside = get_worker_info() is not None
         done, nstreams = self.start(num_workers if inside else 0)
         worker, num_workers = (worker, num_workers) if inside else (0, 1)
         plan = self.plan(nstreams)
+        assert plan.batches_per_rank is not None  # exact: known_counts gave every shard's count (required_by)
         streams = {}
         files = self.files
         spans = None if files is None else SpanReader(files.paths, files.spans, files=files.files)

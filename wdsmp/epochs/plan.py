@@ -83,11 +83,13 @@ NOTE [plan: exactly once, equal batches]
       skips whole drawn shards by count when counts are known, else discards.
 """
 
+from __future__ import annotations
+
 import bisect
 import functools
 import random
 from dataclasses import dataclass, replace
-from typing import Optional, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 import numpy as np
 
@@ -113,6 +115,8 @@ __all__ = [
 POLICIES = ("drop", "pad")
 ORDERS = ("global", "shards")
 
+_Runs = Tuple[Tuple[int, int], ...]  # runs (start, stop) of positions of an epoch's sequence
+
 
 @dataclass(frozen=True)
 class ShardRange:
@@ -129,7 +133,7 @@ class ShardRange:
     pad: bool = False
 
     @property
-    def count(self):
+    def count(self) -> Optional[int]:
         return None if self.stop is None else self.stop - self.start
 
 
@@ -157,7 +161,7 @@ class PlanPosition:
     worker_consumed: Optional[Tuple[int, ...]] = None
     origin: Optional[Tuple[int, int, int]] = None
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         count_of(self.epoch, "epoch")
         count_of(self.batches_done, "batches_done")
         if self.worker_batches is not None:
@@ -181,23 +185,23 @@ class PlanPosition:
                                                 count_of(streams, "origin's num_streams", 1)))
 
 
-def _ceil_div(a, b):
+def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def round_robin_share(batches, num_streams):
+def round_robin_share(batches: int, num_streams: int) -> Tuple[int, ...]:
     """How many of ``batches`` batches dealt round robin each of ``num_streams`` streams gets."""
     quotient, remainder = divmod(batches, num_streams)
     return tuple(quotient + (s < remainder) for s in range(num_streams))
 
 
-def streams_of_workers(num_streams, num_workers):
+def streams_of_workers(num_streams: int, num_workers: int) -> Tuple[Tuple[int, ...], ...]:
     """The streams each of ``num_workers`` workers runs, one after the other: stream s goes to
     worker s % num_workers (NOTE [plan: exactly once, equal batches], Workers)."""
     return tuple(tuple(range(w, num_streams, num_workers)) for w in range(num_workers))
 
 
-def shard_order(nshards, seed, epoch, shuffle=True):
+def shard_order(nshards: int, seed: object, epoch: int, shuffle: bool = True) -> List[int]:
     """The epoch's order of shard indices: a permutation from ``make_seed(seed, epoch)``."""
     order = list(range(nshards))
     if shuffle:
@@ -206,7 +210,7 @@ def shard_order(nshards, seed, epoch, shuffle=True):
 
 
 @functools.lru_cache(maxsize=2)
-def _permutation(total, seed):
+def _permutation(total: int, seed: int) -> np.ndarray:
     """A permutation of ``range(total)`` from ``seed``, the same with any numpy: the indices sorted
     by PCG64's raw output (a stream numpy keeps stable), ties (1 in 2**64) by index."""
     keys = np.random.PCG64(seed).random_raw(total)
@@ -226,13 +230,13 @@ class SampleSequence:
     seed: int
 
     @functools.cached_property
-    def _starts(self):
+    def _starts(self) -> np.ndarray:
         return np.cumsum([0] + [count for _, count in self.shards], dtype=np.int64)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return int(self._starts[-1])
 
-    def refs(self, start, stop, chunk=4096):
+    def refs(self, start: int, stop: int, chunk: int = 4096) -> Iterator[Tuple[int, int, str, bool]]:
         """``(shard, index, url, pad)`` of positions ``[start, stop)``: sample ``index`` of shard
         number ``shard``, ``pad`` for a position past the end."""
         total, starts = len(self), self._starts
@@ -244,14 +248,15 @@ class SampleSequence:
             for position, shard, sample in zip(positions.tolist(), shards.tolist(), (ids - starts[shards]).tolist()):
                 yield shard, sample, self.shards[shard][0], position >= total
 
-    def ranges(self, start, stop):
+    def ranges(self, start: int, stop: int) -> Tuple[ShardRange, ...]:
         """The samples of positions ``[start, stop)`` as one-sample ``ShardRange``s (for few)."""
         return tuple(ShardRange(shard, url, index, index + 1, pad) for shard, index, url, pad in self.refs(start, stop))
 
 
-def _skip(ranges, nsamples):
+def _skip(ranges: Iterable[ShardRange], nsamples: int) -> Iterator[ShardRange]:
     """``ranges`` without their first ``nsamples`` samples (counts known)."""
     for r in ranges:
+        assert r.count is not None  # "samples" mode: every count is known
         if nsamples >= r.count:
             nsamples -= r.count
             continue
@@ -293,11 +298,11 @@ class StreamPlan:
     spans: Tuple[Tuple[int, int], ...] = ()
 
     @property
-    def order(self):
+    def order(self) -> str:
         """"global" when the stream reads positions of a ``SampleSequence``, else "shards"."""
         return "shards" if self.sequence is None else "global"
 
-    def samples(self, resume=True):
+    def samples(self, resume: bool = True) -> Iterator[Tuple[int, int, str, bool]]:
         """In global order, ``(shard, index, url, pad)`` of the samples to read, in order; without
         the delivered batches' samples (``resume=False``: from the start of the stream)."""
         skip = self.skip_batches * self.batch_size if resume else 0
@@ -305,10 +310,11 @@ class StreamPlan:
             if skip >= stop - start:
                 skip -= stop - start
                 continue
+            assert self.sequence is not None  # a stream has spans in global order only
             yield from self.sequence.refs(start + skip, stop)
             skip = 0
 
-    def repeated(self):
+    def repeated(self) -> Tuple[ShardRange, ...]:
         """The ranges this stream reads a second time in the epoch (``ShardRange.pad``)."""
         if self.sequence is None:
             return tuple(r for r in self.ranges if r.pad)
@@ -316,7 +322,7 @@ class StreamPlan:
         return tuple(r for start, stop in self.spans if stop > total
                      for r in self.sequence.ranges(max(start, total), stop))
 
-    def shards(self, resume=True):
+    def shards(self, resume: bool = True) -> Iterator[ShardRange]:
         """The shard ranges to read, in order; without the delivered batches' samples when they can
         be skipped by count (``resume=False``: from the start of the stream). Infinite in resampled mode.
         In global order, see ``samples``."""
@@ -328,7 +334,7 @@ class StreamPlan:
             return _skip(self.ranges, self.skip_batches * self.batch_size)
         return iter(self.ranges)
 
-    def _draws(self, resume):
+    def _draws(self, resume: bool) -> Iterator[ShardRange]:
         rng = random.Random(make_seed(self.seed, "resampled"))
         known = all(count is not None for _, count in self.pool)
         skip = self.skip_batches * self.batch_size if resume and known else 0
@@ -368,16 +374,16 @@ class EpochPlan:
     origin: Optional[Tuple[int, int, int]] = None
 
     @property
-    def remaining(self):
+    def remaining(self) -> Optional[int]:
         """Batches left to deliver on this rank (None when unknown)."""
         return None if self.batches_per_rank is None else self.batches_per_rank - self.batches_done
 
     @property
-    def repeated(self):
+    def repeated(self) -> Tuple[ShardRange, ...]:
         """The ranges this rank reads a second time in the epoch (``ShardRange.pad``)."""
         return tuple(r for stream in self.streams for r in stream.repeated())
 
-    def notice(self):
+    def notice(self) -> Optional[str]:
         """In "shards" mode, a sentence naming the shards and samples the epoch leaves out (said by
         rank 0 only: every rank has the same) or this rank reads twice; None when there are none
         or the epoch is exact."""
@@ -392,18 +398,19 @@ class EpochPlan:
                 f"batches. Exact epochs need every shard's sample count (a shard index) and exact=True")
 
 
-def _range_samples(ranges):
+def _range_samples(ranges: Sequence[ShardRange]) -> Optional[int]:
     """The samples of ``ranges``; None when a count is unknown."""
-    return None if any(r.count is None for r in ranges) else sum(r.count for r in ranges)
+    return None if any(r.count is None for r in ranges) else sum(cast(int, r.count) for r in ranges)
 
 
-def _amount(ranges):
+def _amount(ranges: Sequence[ShardRange]) -> str:
     shards, samples = len(ranges), _range_samples(ranges)
     counted = "samples unknown" if samples is None else f"{samples} sample{'s' * (samples != 1)}"
     return f"{shards} shard{'s' * (shards != 1)} ({counted})"
 
 
-def _slice(entries, cum, start, stop):
+def _slice(entries: Sequence[Tuple[int, str, int]], cum: Sequence[int], start: int,
+           stop: int) -> Tuple[ShardRange, ...]:
     """Ranges of global positions ``[start, stop)`` of the sequence ``entries``; positions past its
     end wrap to its start as padding."""
     total, ranges, p = cum[-1], [], start
@@ -417,7 +424,7 @@ def _slice(entries, cum, start, stop):
     return tuple(ranges)
 
 
-def _consumed(position, shares):
+def _consumed(position: PlanPosition, shares: Sequence[int]) -> Tuple[int, ...]:
     """Per-stream delivered batches of an exact-mode position: its ``worker_batches`` (each
     within its stream's ``shares``), else the round-robin share of ``batches_done``."""
     if position.worker_batches is None:
@@ -429,7 +436,7 @@ def _consumed(position, shares):
     return done
 
 
-def _budget(total, world, bsize, policy, empty=False):
+def _budget(total: int, world: int, bsize: int, policy: str, empty: bool = False) -> int:
     """Samples per rank (a multiple of ``bsize``) of a sequence of ``total`` samples; ``empty``:
     none may be the answer (the rest of an epoch too small for one batch per rank)."""
     if policy == "drop":
@@ -441,7 +448,7 @@ def _budget(total, world, bsize, policy, empty=False):
     return _ceil_div(_ceil_div(total, world), bsize) * bsize
 
 
-def _rest(total, origin, bsize, policy, interleaved):
+def _rest(total: int, origin: Tuple[int, int, int], bsize: int, policy: str, interleaved: bool) -> _Runs:
     """The positions that ``origin``'s ranks had not delivered (NOTE [plan: ...], Elastic): runs
     ``(start, stop)`` of the epoch's sequence, rank by rank (stream by stream unless the streams
     take ``interleaved`` batches: then a rank delivered its first ones, whatever its streams)."""
@@ -464,7 +471,7 @@ def _rest(total, origin, bsize, policy, interleaved):
     return tuple(runs)
 
 
-def _within(runs, start, stop):
+def _within(runs: Sequence[Tuple[int, int]], start: int, stop: int) -> _Runs:
     """Positions ``[start, stop)`` of the runs laid end to end, as runs of the epoch's sequence;
     past their end they wrap to their start."""
     length = sum(b - a for a, b in runs)
@@ -481,7 +488,10 @@ def _within(runs, start, stop):
     return tuple(picked)
 
 
-def _samples_plan(table, order, position, rank, world, nstreams, bsize, policy, sequence):
+def _samples_plan(table: Sequence[Tuple[str, int]], order: Sequence[int], position: PlanPosition, rank: int,
+                  world: int, nstreams: int, bsize: int, policy: str, sequence: Optional[SampleSequence],
+                  ) -> Tuple[int, Tuple[int, ...], Tuple[int, ...], Sequence[Tuple[ShardRange, ...]], Sequence[_Runs],
+                         Tuple[ShardRange, ...]]:
     """Budgets and each stream's share of the epoch's sequence of samples: shard ranges in shard
     order (``sequence`` None), else positions of ``sequence`` (spans)."""
     entries = [(i, table[i][0], table[i][1]) for i in order]
@@ -491,6 +501,8 @@ def _samples_plan(table, order, position, rank, world, nstreams, bsize, policy, 
     total = cum[-1]
     if total == 0:
         raise ValueError("the shards hold no samples")
+    space: Callable[[int, int], _Runs]
+    left: _Runs
     if position.origin is None:
         budget = _budget(total, world, bsize, policy)
         space = lambda a, b: ((a, b),)  # noqa: E731  positions of the sequence as they are
@@ -522,7 +534,9 @@ def _samples_plan(table, order, position, rank, world, nstreams, bsize, policy, 
     return nbatches, shares, done, [()] * nstreams, spans, dropped
 
 
-def _shards_plan(table, order, position, rank, world, nstreams, policy):
+def _shards_plan(table: Sequence[Tuple[str, Optional[int]]], order: Sequence[int], position: PlanPosition,
+                 rank: int, world: int, nstreams: int,
+                 policy: str) -> Tuple[List[Tuple[ShardRange, ...]], Tuple[ShardRange, ...], Tuple[int, ...]]:
     if position.batches_done and position.worker_batches is None:
         raise ValueError("resuming an epoch whose sample counts are unknown needs the position's "
                          "worker_batches (what each worker delivered)")
@@ -546,8 +560,10 @@ def _shards_plan(table, order, position, rank, world, nstreams, policy):
     return ranges, dropped, done
 
 
-def plan_epoch(shards, position=0, *, batch_size, seed=0, rank=0, world_size=1, num_streams=1,
-               policy="drop", shuffle=True, resampled=False, epoch_batches=None, exact=True, order="shards"):
+def plan_epoch(shards: Iterable[Union[str, Tuple[str, Optional[int]]]], position: Union[int, PlanPosition] = 0, *,
+               batch_size: int, seed: object = 0, rank: int = 0, world_size: int = 1, num_streams: int = 1,
+               policy: str = "drop", shuffle: bool = True, resampled: bool = False,
+               epoch_batches: Optional[int] = None, exact: bool = True, order: str = "shards") -> EpochPlan:
     """This rank's plan of an epoch; see NOTE [plan: exactly once, equal batches].
 
     ``shards``: URLs, or ``(url, count)`` pairs (count None: unknown).
@@ -591,7 +607,7 @@ class EpochPlanner:
     exact: bool = True
     order: str = "shards"
 
-    def plan(self, position):
+    def plan(self, position: Union[int, PlanPosition]) -> EpochPlan:
         """The plan at ``position`` (an epoch number or a ``PlanPosition``); a position that counts
         its streams' batches (``worker_batches``) keeps that number of streams."""
         streams = self.num_streams
@@ -603,8 +619,9 @@ class EpochPlanner:
                           exact=self.exact, order=self.order)
 
 
-def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_streams, policy, shuffle,
-                resampled, epoch_batches, exact, order):
+def _plan_epoch(shards: Iterable[Union[str, Tuple[str, Optional[int]]]], position: Union[int, PlanPosition], *,
+                batch_size: int, seed: object, rank: int, world_size: int, num_streams: int, policy: str,
+                shuffle: bool, resampled: bool, epoch_batches: Optional[int], exact: bool, order: str) -> EpochPlan:
     table = shard_table(shards)
     position = position if isinstance(position, PlanPosition) else PlanPosition(position)
     bsize = count_of(batch_size, "batch_size", 1)
@@ -622,7 +639,7 @@ def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_str
     seeds = [make_seed(seed, epoch, rank, w) for w in range(nstreams)]
     if resampled:
         nbatches = count_of(epoch_batches, "epoch_batches (needed with resampled=True)", 1)
-        if known and sum(count for _, count in table) == 0:
+        if known and sum(cast(int, count) for _, count in table) == 0:
             raise ValueError("the shards hold no samples")
         if position.batches_done > nbatches:
             raise ValueError(f"position {position} is past the end of the epoch ({nbatches} batches per rank)")
@@ -644,9 +661,10 @@ def _plan_epoch(shards, position, *, batch_size, seed, rank, world_size, num_str
         raise ValueError("resuming on another number of ranks needs exact epochs: every shard's sample count "
                          "and exact=True")
     if known and exact:
-        sequence = SampleSequence(table, make_seed(seed, epoch, "samples")) if order == "global" else None
+        counted = cast(Tuple[Tuple[str, int], ...], table)
+        sequence = SampleSequence(counted, make_seed(seed, epoch, "samples")) if order == "global" else None
         nbatches, shares, done, ranges, spans, dropped = _samples_plan(
-            table, shard_sequence, position, rank, world, nstreams, bsize, policy, sequence)
+            counted, shard_sequence, position, rank, world, nstreams, bsize, policy, sequence)
         streams = tuple(StreamPlan("samples", epoch, rank, w, nstreams, bsize, seeds[w], ranges[w], shares[w],
                                    done[w], 0, sequence=sequence, spans=spans[w]) for w in range(nstreams))
         return EpochPlan("samples", epoch, rank, world, nstreams, bsize, policy, nbatches,

@@ -5,21 +5,31 @@ plan (``wdsmp/epochs/plan.py``) the same way, so that both make the same samples
 the same order from the same seed.
 """
 
+from __future__ import annotations
+
 import os
+import random
 import warnings
 from itertools import islice
+from typing import Any, Callable, Dict, Generator, Iterable, Iterator, List, Optional, Sequence, TypeVar, cast
 
 from .._internal import env
 from ..cache import FileCache
 from .._internal.redact import redacted
+from .._internal.timing import ReadClock
 from ..gopen import gopen, local_path
 from ..handlers import reraise_exception
 from ..tariterators import tarfile_samples
+from .plan import ShardRange
 
 __all__ = ["buffer_shuffled", "read_ranges"]
 
+_T = TypeVar("_T")
 
-def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, counts=None):
+
+def read_ranges(ranges: Iterable[ShardRange], handler: Callable[[Exception], Any] = reraise_exception,
+                cache_dir: Optional[str] = None, clock: Optional[ReadClock] = None,
+                counts: Optional[Sequence[Optional[int]]] = None) -> Iterator[Dict[str, Any]]:
     """The samples of each ``epochplan.ShardRange`` in turn: samples ``[start, stop)`` of its shard,
     opened directly or from the shard cache in ``cache_dir``.
 
@@ -39,13 +49,13 @@ def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, c
     missing are missing: the caller pads.
     """
     for shard in ranges:
-        damaged = []
+        damaged: List[Exception] = []
 
-        def noted(exn):
+        def noted(exn: Exception) -> Any:
             damaged.append(exn)  # a shard cut short by damage is not a stale count
             return handler(exn)
 
-        opener = gopen
+        opener: Callable[..., Any] = gopen
         if cache_dir is not None:
             cache = FileCache(cache_dir, verbose=env.gopen_verbose())
             try:
@@ -58,17 +68,19 @@ def read_ranges(ranges, handler=reraise_exception, cache_dir=None, clock=None, c
                 warnings.warn(f"could not cache {redacted(shard.url)} in {cache_dir} ({exn}); reading it directly")
         if clock is not None:
             opener = clock.timed_opener(opener)
-        samples = tarfile_samples([shard.url], handler=noted, opener=opener)
+        samples = cast(Generator[Dict[str, Any], None, None],  # a generator: closing it closes the shard
+                       tarfile_samples([shard.url], handler=noted, opener=opener))
         try:
             if counts is None or shard.stop is None or counts[shard.shard] is None:
                 yield from islice(samples, shard.start, shard.stop)
             else:
-                yield from _counted(samples, shard, counts[shard.shard], damaged)
+                yield from _counted(samples, shard, cast(int, counts[shard.shard]), damaged)
         finally:
             samples.close()
 
 
-def _counted(samples, shard, count, damaged):
+def _counted(samples: Iterable[Dict[str, Any]], shard: ShardRange, count: int,
+             damaged: Sequence[Exception]) -> Iterator[Dict[str, Any]]:
     """Samples ``[start, stop)`` of ``shard``, with a warning when the shard has not ``count``
     samples.
 
@@ -83,8 +95,9 @@ def _counted(samples, shard, count, damaged):
     reader that stops at its planned last sample (a stream's last batch) would
     otherwise never see the samples past it.
     """
+    assert shard.stop is not None  # read_ranges counts only ranges that end at a known sample
     position = 0  # samples of the shard seen, from its start
-    last = None  # the range's last sample, where the range ends at the count
+    last: Optional[Dict[str, Any]] = None  # the range's last sample, where the range ends at the count
     for sample in samples:
         if position >= shard.stop:
             if shard.stop < count:
@@ -108,10 +121,10 @@ def _counted(samples, shard, count, damaged):
         yield last
 
 
-def buffer_shuffled(samples, size, rng):
+def buffer_shuffled(samples: Iterable[_T], size: int, rng: random.Random) -> Iterator[_T]:
     """``samples`` in a random order through a buffer of ``size``: all of them, each once, the
     order fixed by ``rng``."""
-    buffer = []
+    buffer: List[_T] = []
     for sample in samples:
         if len(buffer) < size:
             buffer.append(sample)

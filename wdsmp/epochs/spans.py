@@ -8,17 +8,20 @@ read by its span is the sample ``tarfile_samples`` makes, field for field.
 Errors name the shard, the member and the offset in the shard.
 """
 
+from __future__ import annotations
+
 import io
 import os
 from collections import OrderedDict
 from time import perf_counter_ns
 
-from typing import NamedTuple, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, NamedTuple, Optional, Sequence, Tuple, cast
 
 import numpy as np
 
 from .._internal import env
 from .._internal.redact import redacted
+from .._internal.timing import ReadClock
 from ..cache import FileCache
 from ..errors import SampleError, ShardError, TarFormatError
 from ..gopen import local_path
@@ -47,7 +50,9 @@ class SampleFiles(NamedTuple):
         return tuple(len(spans) for spans in self.spans)
 
 
-def locate_samples(urls, cache_dir=None, handler=reraise_exception, fetch=False):
+def locate_samples(urls: Sequence[str], cache_dir: Optional[str] = None,
+                   handler: Callable[[Exception], Any] = reraise_exception,
+                   fetch: bool = False) -> Tuple[Optional[SampleFiles], Optional[str]]:
     """``(SampleFiles, None)`` when every shard of ``urls`` can be read sample by sample (an
     uncompressed local file without link members), else ``(None, why not)``. A remote shard
     is read from the shard cache in ``cache_dir``, fetched there first (whole, once) when
@@ -67,7 +72,8 @@ def locate_samples(urls, cache_dir=None, handler=reraise_exception, fetch=False)
     for url, path in zip(urls, paths):
         if walks[path].spans is None:
             return None, f"{redacted(url)}: {walks[path].why}"
-    return SampleFiles(tuple(paths), tuple(walks[p].spans for p in paths), tuple(walks[p].file for p in paths)), None
+    return SampleFiles(tuple(paths), cast(Tuple[np.ndarray, ...], tuple(walks[p].spans for p in paths)),
+                       tuple(walks[p].file for p in paths)), None
 
 
 class SpanReader:
@@ -83,11 +89,12 @@ class SpanReader:
     streams; ``close()`` closes its files.
     """
 
-    def __init__(self, paths, spans, clock=None, files=()):
+    def __init__(self, paths: Sequence[str], spans: Sequence[np.ndarray], clock: Optional[ReadClock] = None,
+                 files: Sequence[Tuple[int, ...]] = ()) -> None:
         self.paths, self.spans, self.clock, self.files = paths, spans, clock, files
-        self._files = OrderedDict()  # shard number -> open descriptor, least recently used first
+        self._files: OrderedDict[int, int] = OrderedDict()  # shard number -> open descriptor, least recently used first
 
-    def _descriptor(self, shard):
+    def _descriptor(self, shard: int) -> int:
         fd = self._files.pop(shard, None)
         if fd is None:
             if len(self._files) >= _OPEN_FILES:
@@ -102,7 +109,7 @@ class SpanReader:
         self._files[shard] = fd
         return fd
 
-    def sample(self, shard, index, url):
+    def sample(self, shard: int, index: int, url: str) -> Dict[str, Any]:
         """Sample ``index`` of shard number ``shard`` (named ``url`` in the sample and in errors)."""
         start, end = (int(x) for x in self.spans[shard][index])
         begun = perf_counter_ns()
@@ -125,12 +132,13 @@ class SpanReader:
                               f"changed since it was walked", url, None, start)
         return samples[0]
 
-    def close(self):
+    def close(self) -> None:
         while self._files:
             os.close(self._files.popitem()[1])
 
 
-def read_positions(reader, refs, handler=reraise_exception):
+def read_positions(reader: SpanReader, refs: Iterable[Tuple[int, int, str]],
+                   handler: Callable[[Exception], Any] = reraise_exception) -> Iterator[Dict[str, Any]]:
     """The samples of ``refs`` (``(shard, index, url)`` triples) in order, read by ``reader`` (its
     owner closes it); a sample that cannot be read goes to ``handler`` (skipped when it returns True)."""
     for shard, index, url in refs:
