@@ -26,6 +26,19 @@ def where(name):
     return f"wdsmp.{module}.{name}" if module else f"{value.__module__}.{name}"  # gopen: the function
 
 
+# Rendered with their Args sections as tables (name, type, default, description): FastLoader and
+# its settings, which the reference shows next to it.
+GOOGLE_STYLE = ("wdsmp.fast.loader.FastLoader", "wdsmp.fast.options.LoaderOptions")
+COMPANIONS = {"wdsmp.fast.loader.FastLoader": ["wdsmp.fast.options.LoaderOptions"]}
+
+
+def entry(path):
+    """One mkdocstrings entry."""
+    if path in GOOGLE_STYLE:
+        return f"::: {path}\n    options:\n      docstring_style: google\n"
+    return f"::: {path}\n"
+
+
 def render():
     import wdsmp
 
@@ -38,7 +51,7 @@ def render():
     for module in sorted(groups):
         out.append(f"\n## `{module}`\n")
         for path in groups[module]:
-            out.append(f"::: {path}\n")
+            out.extend(entry(companion) for companion in [path] + COMPANIONS.get(path, []))
     return "\n".join(out)
 
 

@@ -23,13 +23,32 @@ def test_every_page_is_in_the_navigation():
     assert pages == {path.name for path in (ROOT / "docs").glob("*.md")}
 
 
-def test_every_fastloader_parameter_is_documented():
-    """The API reference is FastLoader's docstring: each of its parameters is named there."""
+def _args_section(doc):
+    """The names an ``Args:`` section of ``doc`` documents, one entry per line indented by 4 more."""
+    lines = doc.split("Args:\n", 1)[1].splitlines()
+    indent = len(lines[0]) - len(lines[0].lstrip())
+    return [line.strip().split(":")[0].lstrip("*") for line in lines
+            if line.strip() and len(line) - len(line.lstrip()) == indent]
+
+
+def test_every_fastloader_setting_is_documented_once_in_its_args_section():
+    """The API reference renders FastLoader's and LoaderOptions' Args sections: one entry for
+    each parameter and each setting, in order, and each setting's default and type come from
+    its field."""
+    import dataclasses
     import inspect
 
     import wdsmp
+    from wdsmp.fast.options import LoaderOptions
 
-    doc = inspect.getdoc(wdsmp.FastLoader)
-    undocumented = [name for name in inspect.signature(wdsmp.FastLoader.__init__).parameters
-                    if name != "self" and f"``{name}" not in doc]
-    assert undocumented == []
+    loader = [name for name in inspect.signature(wdsmp.FastLoader.__init__).parameters if name != "self"]
+    assert _args_section(inspect.getdoc(wdsmp.FastLoader)) == loader
+    settings = [field.name for field in dataclasses.fields(LoaderOptions)]
+    assert _args_section(inspect.getdoc(LoaderOptions)) == settings
+
+
+def test_the_reference_renders_fastloaders_args_as_tables():
+    text = (ROOT / "docs" / "api.md").read_text()
+    for name in ("wdsmp.fast.loader.FastLoader", "wdsmp.fast.options.LoaderOptions"):
+        entry = text.split(f"::: {name}\n", 1)[1].split(":::", 1)[0]
+        assert "docstring_style: google" in entry

@@ -833,7 +833,7 @@ def test_the_budget_follows_the_output_size_and_can_be_set(monkeypatch):
     with pytest.raises(DecodeError, match="budget of 1000 pixels"):
         decode_into(png, np.zeros((1024, 1024, 3), np.uint8), False, None)
     with pytest.raises(ValueError, match="max_image_pixels must be a positive"):
-        DecodeOptions(max_pixels=0)
+        DecodeOptions.of(max_pixels=0)
 
 
 def test_a_large_jpeg_is_decoded_at_reduced_size_within_the_budget(monkeypatch):

@@ -359,7 +359,7 @@ def decode_into(data: Any, out: np.ndarray, train: bool, rng: Optional[_Random],
     PIL image): they are only cropped and resized. Failures raise :class:`wdsmp.DecodeError` naming ``url`` and
     ``member``, the cause chained.
     """
-    options = DecodeOptions(train, scale, ratio, flip, resize_ratio, dct_scaling, region)
+    options = DecodeOptions.of(train, scale, ratio, flip, resize_ratio, dct_scaling, region)
     if options.train and rng is None:
         raise ValueError("train=True needs an rng to draw crops from")
     return decode_with_options(data, out, options, rng, url=url, member=member)

@@ -66,11 +66,11 @@ NOTE [shutdown order]
 import warnings
 import weakref
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
 from ..epochs.plan import EpochPlan, EpochPlanner, PlanPosition, round_robin_share, streams_of_workers
-from ..handlers import reraise_exception
-from ..epochs.spans import locate_samples
+from ..epochs.spans import SampleFiles, locate_samples
 from ..epochs.counts import known_counts
 from .._internal.validation import is_int
 from .._internal.versions import check_version, versioned
@@ -79,7 +79,7 @@ from .batches import Batch, SlotTensors
 from .bottleneck import shard_source
 from .delivery import Delivery, EpochIterator
 from .layout import BatchLayout, FieldSpec
-from .options import IMAGE_KEYS, DecodeOptions, LoaderOptions
+from .options import IMAGE_KEYS, LoaderOptions
 from .resources import LoaderResources
 from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
 from .stats import LoaderStats
@@ -104,117 +104,29 @@ class FastLoader:
                                                                     std=(58.4, 57.1, 57.4)):
             ...                                    # on the GPU, normalised, float32 NCHW
 
-    Data: ``urls`` is a shard spec (``"train-{0000..0146}.tar"``, any gopen URL), a list of
-    URLs or ``(url, sample_count)`` pairs, or the path or URL of a shard index (``.json``,
-    see ``wdsmp.shards.index``); ``index=`` adds counts from an index to given URLs. Local
-    shards without counts count themselves (their tar headers, kept in a cache under
-    ``cache_dir`` or the user's cache directory); remote ones take theirs from the index
-    beside them (``index.json``), if any. With every count known, epochs are exact (every
-    sample once across ranks and workers, the same full batches on every rank, ``len()``
-    works). Without, on more than one rank, the loader refuses, with the command that
-    writes the index, unless ``exact=False``: then (and on one rank) whole shards are dealt
-    out, the last batch of a worker may be short, and shards read by no rank or twice are
-    counted in ``stats`` and announced each epoch. Each sample needs an image (the first of
-    ``image_keys`` present: JPEG decoded by libjpeg-turbo, ``.ppm``/``.npy`` raw pixels taken as they are,
-    other formats through Pillow) and, unless ``label=None``, a label (``label``: an
-    extension holding an integer, as ``.cls``, or a function ``sample -> int``). Labels and
-    fields are never cast: a label must be an integer (``.cls`` text: ASCII digits, an
-    optional sign), a field's values must fit its dtype as they are (no 300 in a uint8, no
-    3.7 in an int), else the sample is an error (``values.py``).
+    The workers start as the loader is made; each ``iter()`` runs the next epoch. Batches view
+    shared memory until the next ``next()`` (NOTE [batch lifetime]); ``close()``, ``with`` or
+    the last reference going stop the workers and free it. docs/fastloader.md tells what the
+    loader does with each setting: exact epochs, the sample order, resuming, failures, memory
+    and where the time goes.
 
-    Images: ``train=True`` draws RandomResizedCrop(``scale``, ``ratio``) boxes and flips with
-    probability ``flip``; ``train=False`` resizes the short side to ``image_size`` /
-    ``resize_ratio`` (0.875) and takes the centre crop, as torchvision's eval transforms do.
-    ``dct_scaling=True`` lets libjpeg-turbo decode a JPEG at 1/2, 1/4 or 1/8 of its size when
-    the crop is that much smaller than the output, and resize from there (less work; the
-    image is nearly the same, not bit for bit). Batches of ``batch_size`` (256) images are
-    uint8 NHWC (``channels_first=True``: NCHW views) and int64 labels; each worker keeps
-    ``prefetch`` (2) batches in flight in the shared ring.
-
-    More per sample: ``keys=True`` gives each batch its sample keys (at most ``key_length``,
-    128, bytes each); ``fields={name:
-    (source, shape, dtype)}`` declares fixed-shape arrays (``source``: an extension with
-    ``.npy`` bytes or numbers as text, or a function ``sample -> array``); ``stages`` are
-    iterator -> iterator functions (``wdsmp.select(...)``, ``wdsmp.map(...)``) run on the
-    sample dicts in the workers before decoding, the escape hatch for arbitrary Python.
-    Functions must pickle: define them at module level, in a module or in a script whose
-    code runs under ``if __name__ == "__main__":`` (workers then import the script, as
-    DataLoader's do under ``spawn``). Workers are fresh interpreters that import only what
-    they need, not your script nor torch (NOTE [worker processes] in ``pool.py``), started
-    as the loader is made; ``start_method="fork"`` forks them from your process instead,
-    quicker to start but with every lock of your process copied as it is (choose it where
-    the script runs no threads of its own).
-
-    Order: ``order="auto"`` shuffles every sample of the epoch when the shards are local and
-    uncompressed, else reads shard by shard (``"global"`` and
-    ``"shards"`` choose; NOTE [sample order]). ``seed`` and the epoch fix the order
-    (``shuffle``), each worker's ``shuffle_buffer`` (default 256 in shard order, 0 in global
-    order) and every crop; each ``iter()`` runs epoch ``epoch`` and then counts
-    it up (``set_epoch`` sets it). Ranks: ``rank``/``world_size`` default to
-    torch.distributed's, else ``RANK``/``WORLD_SIZE``; ``policy`` ("drop" or "pad") evens
-    out ranks. ``num_workers`` defaults to the CPUs this process may use, shared among the
-    node's ranks under torchrun (divided by ``LOCAL_WORLD_SIZE``). ``resampled=True`` draws
-    shards with replacement forever, ``epoch_batches`` per epoch.
-
-    Remote shards (``http(s)://``, ``s3://``, ``pipe:``, ...) are streamed; with ``cache_dir``
-    each is fetched whole into it before its first sample is read, and read from there
-    afterwards (one copy per directory, shared by workers and processes); one that cannot be
-    cached (too large for the cache's size limit, no room, another process fetching it for
-    too long) is read directly, with a warning.
-
-    Memory: an image is refused (a ``DecodeError`` for ``handler``) when it would decode to
-    more than ``max_image_pixels`` pixels (default ``WDSMP_MAX_IMAGE_PIXELS``, else the larger
-    of 64 Mi and 256 times the output's pixels; JPEGs are decoded at reduced size first, but a
-    progressive JPEG's coefficients are all held at full size, so they are what is counted,
-    and one with more than 256 scans is refused too), and a tar member larger than
-    ``WDSMP_MAX_MEMBER_SIZE`` (1 GiB) is a ``TarFormatError``.
-
-    Throughput: ``stats`` says where the time goes, stage by stage, and names the bottleneck;
-    ``progress=True`` (or seconds between reports) prints the rate and the bottleneck to
-    stderr as it goes.
-
-    Errors: by default a bad sample stops the epoch with a ``WorkerError`` naming the
-    worker, shard and member; ``handler=wdsmp.warn_and_continue`` skips bad samples instead
-    (counted in ``stats``; NOTE [full batches] in ``worker.py``); a stage that yields anything
-    but a sample dict (None) is such an error too. A shard whose sample count differs from the
-    index's is read as planned, with a warning (NOTE [stale counts] in ``wdsmp/epochs/ranges.py``). A worker
-    that shows no sign of life for ``stall_timeout`` seconds (120; stopped, stuck in a read,
-    deadlocked) is killed and reported (NOTE [stalled workers] in ``delivery.py``); ``timeout``
-    bounds the wait for any one batch (none by default). Batches are views of shared
-    memory valid until the next ``next()`` (NOTE [batch lifetime]; ``copy=True`` to keep
-    them). ``close()``, ``with`` or garbage collection stop the workers and free the memory.
+    Args:
+        urls: A shard spec (``"train-{0000..0146}.tar"``, any gopen URL), a list of URLs or of
+            ``(url, sample_count)`` pairs, or the path or URL of a shard index (``.json``).
+        batch_size: Images per batch.
+        index: A shard index whose counts are added to the URLs given.
+        **settings: Any setting of :class:`~wdsmp.fast.options.LoaderOptions`, by name
+            (``num_workers``, ``image_size``, ``train``, ``label``, ``order``, ...).
     """
 
     def __init__(self, urls: Union[str, Sequence[Union[str, Tuple[str, Optional[int]]]]], batch_size: int = 256, *,
-                 num_workers: Optional[int] = None, image_size: Union[int, Tuple[int, int]] = 224,
-                 train: bool = True, seed: Any = 0, index: Optional[str] = None,
-                 label: Union[str, Callable[[Dict[str, Any]], int], None] = "cls",
-                 image_keys: Union[str, Sequence[str]] = IMAGE_KEYS, keys: bool = False, key_length: int = 128,
-                 fields: Optional[Dict[str, Tuple[Any, Tuple[int, ...], Any]]] = None,
-                 stages: Sequence[Callable[[Iterator[Dict[str, Any]]], Iterator[Dict[str, Any]]]] = (),
-                 handler: Callable[[Exception], Any] = reraise_exception, shuffle: Optional[bool] = None,
-                 shuffle_buffer: Optional[int] = None, rank: Optional[int] = None, world_size: Optional[int] = None,
-                 policy: str = "drop", resampled: bool = False, epoch_batches: Optional[int] = None,
-                 scale: Tuple[float, float] = (0.08, 1.0), ratio: Tuple[float, float] = (3 / 4, 4 / 3),
-                 flip: float = 0.5, resize_ratio: float = 0.875, dct_scaling: bool = True,
-                 channels_first: bool = False, copy: bool = False, prefetch: int = 2,
-                 timeout: Optional[float] = None, stall_timeout: Optional[float] = 120.0,
-                 start_method: str = "spawn", progress: Union[bool, float] = False, cache_dir: Optional[str] = None,
-                 max_image_pixels: Optional[int] = None, exact: bool = True, order: str = "auto") -> None:
+                 index: Optional[str] = None, **settings: Any) -> None:
         if _pool.starting_a_worker():  # NOTE [worker processes] in pool.py
             raise RuntimeError("a FastLoader was made while a worker process was starting and importing the main "
                                "script: a function given to the loader is defined in that script, so workers "
                                "import it; put the script's code under if __name__ == '__main__':, or define "
                                "the function in a module of its own")
-        given: Dict[str, Any] = dict(  # as given: LoaderOptions checks them and fills in the defaults
-            num_workers=num_workers, image_size=image_size, seed=seed, label=label, image_keys=image_keys, keys=keys,
-            key_length=key_length, fields=fields, stages=stages, handler=handler, shuffle=shuffle,
-            shuffle_buffer=shuffle_buffer, rank=rank, world_size=world_size, policy=policy, resampled=resampled,
-            epoch_batches=epoch_batches, channels_first=channels_first, copy=copy, prefetch=prefetch,
-            timeout=timeout, stall_timeout=stall_timeout, start_method=start_method, progress=progress,
-            cache_dir=cache_dir, exact=exact, order=order)
-        decode = DecodeOptions(train, scale, ratio, flip, resize_ratio, dct_scaling, max_pixels=max_image_pixels)
-        self.options = options = LoaderOptions(batch_size, decode, **given)
+        self.options = options = LoaderOptions.of(batch_size=batch_size, **settings)
         layout, extra = _layout(options)
         # Unknown counts leave ranks unequal (a resampled epoch is a number of batches; one rank is alone).
         required = options.exact and not options.resampled and options.world_size > 1
@@ -223,7 +135,7 @@ class FastLoader:
             required_by=f"FastLoader on {options.world_size} ranks" if required else None,
             otherwise="pass exact=False for epochs of whole shards per rank (which may then hand out "
                       "different numbers of batches)")
-        files = self._sample_files(shuffle_buffer)
+        files = self._sample_files(settings.get("shuffle_buffer"))
         if files is not None:
             self.shards = tuple((url, count) for (url, _), count in zip(self.shards, files.counts))
         self._planner = EpochPlanner(
@@ -258,12 +170,12 @@ class FastLoader:
         self._resume: Optional[PlanPosition] = None  # a loaded PlanPosition, for the next iter()
         # The samples each stream had read behind it (the loaded state's worker_read).
         self._resume_read: Optional[List[Optional[int]]] = None
-        self._delivery = None  # the current epoch's Delivery
+        self._delivery: Optional[Delivery] = None  # the current epoch's
         # Started now, so that their start overlaps what the script does before its first iter().
         self._resources.new_workers(self._config, options.num_workers, options.prefetch, options.start_method,
                                     self._main)
 
-    def _sample_files(self, shuffle_buffer):
+    def _sample_files(self, shuffle_buffer: Optional[int]) -> Optional[SampleFiles]:
         """Resolve ``order`` (NOTE [sample order]): the ``SampleFiles`` to read in global order, or
         None for shard order. In global order the shuffle buffer is off unless one was asked for
         (``shuffle_buffer``, the argument as given), and the counts are the walk's."""
@@ -315,7 +227,7 @@ class FastLoader:
         if self._resume is not None and self._resume.epoch != epoch:
             self._resume = None  # a loaded state of this very epoch stays in force
 
-    def __len__(self):
+    def __len__(self) -> int:
         """Batches per epoch on this rank (of a loaded state's epoch, all of them: on another number
         of ranks, those of its rest); TypeError when sample counts are unknown."""
         resume = self._resume
@@ -327,7 +239,7 @@ class FastLoader:
                             "ones) and exact=True")
         return batches
 
-    def __iter__(self):
+    def __iter__(self) -> EpochIterator:
         """Start the next epoch: the workers get their tasks (unless they went ahead with this
         very epoch, NOTE [next epoch ahead] in ``delivery.py``); the iterator delivers the
         batches, and holds this loader while it lives."""
@@ -366,7 +278,7 @@ class FastLoader:
                                   ahead=weakref.WeakMethod(self._send_ahead), variety=self._variety, read=read)
         return EpochIterator(self, self._delivery)
 
-    def _send_ahead(self, current):
+    def _send_ahead(self, current: int) -> None:
         """Send the workers the next epoch's tasks once every stream of epoch ``current`` has ended,
         unless another epoch comes next (NOTE [next epoch ahead] in ``delivery.py``)."""
         workers = self._resources.workers
@@ -438,7 +350,7 @@ class FastLoader:
                                 None if origin is None else tuple(origin))
         self._resume_read = state.get("worker_read")
         if elastic:
-            position = self._elastic(position, state.get("world_size"), self._resume_read)
+            position = self._elastic(position, state["world_size"], self._resume_read)
         elif (position.batches_done == 0 and len(state["worker_batches"]) == self.options.num_workers
                 and not any(position.worker_consumed or ()) and position.origin is None):
             position = PlanPosition(position.epoch)  # an epoch's start: the plan sent ahead, if any, is it
@@ -446,10 +358,11 @@ class FastLoader:
         self._resume = position
         self.epoch = position.epoch
 
-    def _elastic(self, position, world, read):
+    def _elastic(self, position: PlanPosition, world: int, read: Optional[List[Optional[int]]]) -> PlanPosition:
         """The position that deals the rest of ``position``'s epoch, saved on ``world`` ranks, to
         this loader's ranks; ValueError where that cannot be exact (NOTE [elastic resume])."""
-        options, streams = self.options, len(position.worker_batches)
+        delivered = position.worker_batches or ()  # a loaded state has them
+        options, streams = self.options, len(delivered)
         why = None
         if position.batches_done == 0 and position.origin is None:
             return PlanPosition(position.epoch)  # nothing delivered: the epoch, planned for these ranks
@@ -462,9 +375,9 @@ class FastLoader:
             why = (f"a shuffle buffer (shuffle_buffer={options.shuffle_buffer}) mixes what was delivered with "
                    f"what was not; the global order needs none (order='global')")
         elif read is None or len(read) != streams or any(n and r is None
-                                                          for n, r in zip(position.worker_batches, read)):
+                                                          for n, r in zip(delivered, read)):
             why = "the state does not say how many samples each stream read"
-        elif position.worker_batches != round_robin_share(position.batches_done, streams) or not _nothing_dropped(
+        elif delivered != round_robin_share(position.batches_done, streams) or not _nothing_dropped(
                 position, read, options.batch_size):
             why = ("stages or the handler dropped samples, so the ranks' positions in the epoch differ and "
                    "no one rank's state says what the others delivered")
@@ -523,10 +436,11 @@ class FastLoader:
         """Stop the workers and free the shared memory (NOTE [shutdown order]). Idempotent."""
         self._finalizer()
 
-    def __enter__(self):
+    def __enter__(self) -> "FastLoader":
         return self
 
-    def __exit__(self, exc_type, exc, traceback):
+    def __exit__(self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException],
+                 traceback: Optional[TracebackType]) -> None:
         if exc_type is None:
             self.close()
             return
@@ -536,7 +450,7 @@ class FastLoader:
             warnings.warn(f"FastLoader.close() failed while {exc_type.__name__} propagated: {failure!r}",
                           RuntimeWarning, stacklevel=2)
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         options = self.options
         state = "closed" if self.closed else f"{options.num_workers} workers"
         return (f"FastLoader({len(self.shards)} shards, batch_size={options.batch_size}, "
@@ -550,16 +464,16 @@ _STATE_FIELDS = ("epoch", "batches_done", "worker_batches", "worker_consumed", "
                  "seed", "rank", "world_size", "exact", "order", "policy", "shuffle", "shards")
 
 
-def _nothing_dropped(position, read, batch_size):
+def _nothing_dropped(position: PlanPosition, read: List[Optional[int]], batch_size: int) -> bool:
     """Whether each stream of ``position`` read (``read``: its state's ``worker_read``, one per
     stream) and took exactly the samples of the batches it delivered: then the position says which
     samples they were."""
     consumed = position.worker_consumed
     return all(n == 0 or (consumed is not None and consumed[s] == read[s] == n * batch_size)
-               for s, n in enumerate(position.worker_batches))
+               for s, n in enumerate(position.worker_batches or ()))
 
 
-def _layout(options):
+def _layout(options: LoaderOptions) -> Tuple[BatchLayout, Tuple[Tuple[str, Any], ...]]:
     """The slot layout for ``options`` (a ``LoaderOptions``), and the ``(name, source)`` pairs
     of the declared fields; ValueError for a bad declaration."""
     height, width = options.image_size
