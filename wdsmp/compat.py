@@ -158,7 +158,7 @@ def check_empty(source: Iterable[_T]) -> Iterator[_T]:
                          f"use more shards, fewer workers, resampled=True, or empty_check=False")
 
 
-def _is_spec(urls):
+def _is_spec(urls: object) -> bool:
     """A dataset spec: a dict, or a YAML/JSON document's path or URL (a URL's query string,
     as a presigned URL has, not counted)."""
     if isinstance(urls, dict):
@@ -221,8 +221,10 @@ class WebDataset(FluidInterface, DataPipeline):
         if repeat:
             self.repeat()
 
-    def _add_shard_stages(self, urls, resampled, shardshuffle, detshuffle, seed, nodesplitter,
-                          workersplitter):
+    def _add_shard_stages(self, urls: Union[str, "os.PathLike[str]", Dict[str, Any], Iterable[Any]], resampled: bool,
+                          shardshuffle: Optional[Union[bool, int]], detshuffle: bool, seed: Any,
+                          nodesplitter: Optional[Union[Callable[..., Any], PipelineStage]],
+                          workersplitter: Optional[Union[Callable[..., Any], PipelineStage]]) -> None:
         """The shard URLs this process reads: listed or resampled, split, shuffled."""
         if isinstance(urls, IterableDataset):
             self.append(urls)
@@ -241,7 +243,8 @@ class WebDataset(FluidInterface, DataPipeline):
             self.append(shuffler(shardshuffle, seed=seed))
 
     @staticmethod
-    def _opener(handler, cache_dir, cache_size, cache_name, verbose):
+    def _opener(handler: _Handler, cache_dir: Optional[Union[str, "os.PathLike[str]"]], cache_size: Optional[float],
+                cache_name: Optional[Callable[[str], str]], verbose: bool) -> filters.Curried:
         """The stage that opens each shard: straight from its URL, or through the cache."""
         cache_dir = cache_dir if cache_dir is not None else env.cache_dir()
         if cache_size == -1 and env.cache_size() is not None:
@@ -249,7 +252,7 @@ class WebDataset(FluidInterface, DataPipeline):
         if cache_dir is None or cache_size == 0:  # local files give __local_path__, as in webdataset
             return filters.pipelinefilter(url_opener)(handler=handler, local_paths=True)
         from . import cache
-        kw = dict(handler=handler, cache_dir=cache_dir, verbose=verbose)
+        kw: Dict[str, Any] = dict(handler=handler, cache_dir=cache_dir, verbose=verbose)
         if cache_size is not None and cache_size > 0:
             kw["cache_size"] = cache_size
         if cache_name is not None:

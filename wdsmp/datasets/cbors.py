@@ -17,7 +17,7 @@ raise ``DecodeError`` naming the shard, the item's index and its byte offset;
 """
 
 import io
-from typing import Any, Iterable, Iterator, Mapping, Union
+from typing import IO, Any, Callable, Dict, Iterable, Iterator, Mapping, Optional, Union
 
 from ..stages.base import handle_each
 from ..errors import DecodeError
@@ -40,12 +40,12 @@ __all__ = [
 _CHUNK = 1 << 20  # bytes read from a shard at a time
 
 
-def _truncated(kind, index, url, offset):
+def _truncated(kind: str, index: int, url: Optional[str], offset: int) -> DecodeError:
     return DecodeError(f"truncated {kind} stream: the file ends inside item {index}", url,
                        offset=offset)
 
 
-def _cbor_items(stream, url, chunksize=_CHUNK):
+def _cbor_items(stream: IO[bytes], url: Optional[str], chunksize: int = _CHUNK) -> Iterator[Any]:
     """The items of one CBOR stream.
 
     NOTE [partial item]: an item may straddle a chunk boundary. Its decode then
@@ -86,7 +86,7 @@ def _cbor_items(stream, url, chunksize=_CHUNK):
         buf += more
 
 
-def _msgpack_items(stream, url, chunksize=_CHUNK):
+def _msgpack_items(stream: IO[bytes], url: Optional[str], chunksize: int = _CHUNK) -> Iterator[Any]:
     """The items of one MsgPack stream, fed to a ``msgpack.Unpacker`` chunk by chunk.
 
     The unpacker keeps a partial item between feeds by itself; an item starts
@@ -121,10 +121,11 @@ def _msgpack_items(stream, url, chunksize=_CHUNK):
         raise _truncated("MsgPack", index, url, end)
 
 
-def _items_of_shards(data, items, handler):
+def _items_of_shards(data: Iterable[Dict[str, Any]], items: Callable[[IO[bytes], Optional[str]], Iterator[Any]],
+                     handler: _Handler) -> Iterator[Any]:
     """Items of each opened shard in ``data``; a failing shard goes to ``handler``."""
 
-    def shard_items(source):
+    def shard_items(source: Dict[str, Any]) -> Iterator[Any]:
         stream = source["stream"]
         try:
             yield from items(stream, source.get("url"))
@@ -134,12 +135,12 @@ def _items_of_shards(data, items, handler):
     return handle_each(data, shard_items, handler)
 
 
-def cbor_iterator(data, handler=reraise_exception):
+def cbor_iterator(data: Iterable[Dict[str, Any]], handler: _Handler = reraise_exception) -> Iterator[Any]:
     """Items of opened CBOR shards (``{"url", "stream"}`` dicts, as ``url_opener`` makes)."""
     return _items_of_shards(data, _cbor_items, handler)
 
 
-def msgpack_iterator(data, handler=reraise_exception):
+def msgpack_iterator(data: Iterable[Dict[str, Any]], handler: _Handler = reraise_exception) -> Iterator[Any]:
     """Items of opened MsgPack shards (``{"url", "stream"}`` dicts, as ``url_opener`` makes)."""
     return _items_of_shards(data, _msgpack_items, handler)
 

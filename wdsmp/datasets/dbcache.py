@@ -40,7 +40,7 @@ import hashlib
 import os
 import sqlite3
 import sys
-from typing import Any, Iterable, Optional, Union
+from typing import Any, Dict, Iterable, Iterator, Optional, Union
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -87,19 +87,20 @@ class DBCache(IterableDataset):
         self.key = key
         self.shuffle = shuffle
         self.timeout = timeout
-        self._db = None
-        self._pid = None
+        self._db: Optional[sqlite3.Connection] = None
+        self._pid: Optional[int] = None
         self._codec = SampleCodec(f"DBCache {self.fname!r}")
         if self.fname is not None:
             self._say(f"[DBCache opened {self.fname} size {size} total {self._count(self._connect())}]")
 
-    def _say(self, message):
+    def _say(self, message: str) -> None:
         if self.verbose:
             print(message, file=sys.stderr, flush=True)
 
-    def _connect(self):
+    def _connect(self) -> sqlite3.Connection:
         """This process's connection (a forked or spawned copy opens its own)."""
         if self._db is None or self._pid != os.getpid():
+            assert self.fname is not None  # DBCache(fname=None) never connects
             try:
                 db = sqlite3.connect(self.fname, timeout=self.timeout, isolation_level=None,
                                      check_same_thread=False)
@@ -143,16 +144,16 @@ class DBCache(IterableDataset):
                       _FORMAT, (_VERSION,), f"DBCache {self.fname!r} (delete the file to rebuild it)")
 
     @staticmethod
-    def _count(db):
+    def _count(db: sqlite3.Connection) -> int:
         return db.execute(_COUNT).fetchone()[0]
 
-    def _complete(self, db, total):
+    def _complete(self, db: sqlite3.Connection, total: int) -> bool:
         if total >= self.size:
             return True
         row = db.execute("SELECT value FROM meta WHERE name = ?", (_EXHAUSTED,)).fetchone()
         return row is not None
 
-    def _sample_key(self, sample, data):
+    def _sample_key(self, sample: Any, data: bytes) -> str:
         """The sample's identity: its key within its shard (``__url__``, when it has one),
         else a hash of its stored bytes."""
         value = sample.get(self.key) if isinstance(sample, dict) else None
@@ -162,7 +163,7 @@ class DBCache(IterableDataset):
         url = sample.get("__url__")
         return value if url is None else repr((str(url), value))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         if self.fname is None:
             yield from self.dataset
             return
@@ -184,7 +185,7 @@ class DBCache(IterableDataset):
             db.execute("INSERT OR REPLACE INTO meta (name, value) VALUES (?, ?)", (_EXHAUSTED, str(total)))
         self._say(f"[DBCache finished caching total {total} (size {self.size})]")
 
-    def _stored(self, db, total):
+    def _stored(self, db: sqlite3.Connection, total: int) -> Iterator[Any]:
         """The stored samples; a DataLoader worker's share of them."""
         self._say(f"[DBCache starting dbiter total {total} size {self.size}]")
         query, args = "SELECT data FROM samples WHERE id <= ?", [self.size]
@@ -196,7 +197,7 @@ class DBCache(IterableDataset):
         for (data,) in db.execute(query, args):
             yield self._codec.loads(data)
 
-    def __getstate__(self):
+    def __getstate__(self) -> Dict[str, Any]:
         state = dict(self.__dict__)
         state["_db"] = state["_pid"] = None  # a connection belongs to the process that opened it
         return state

@@ -56,7 +56,7 @@ import math
 import os
 import random
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 from .._internal import env
 from ..errors import WdsmpError
@@ -108,7 +108,7 @@ class DatasetSpec:
 
     collections: Tuple[CollectionSpec, ...]
 
-    def weights(self, seed, epoch):
+    def weights(self, seed: Any, epoch: int) -> List[float]:
         """Each collection's mixing weight in ``epoch``: ``scaleprob`` times its scale draw."""
         result = []
         for index, c in enumerate(self.collections):
@@ -121,12 +121,12 @@ class DatasetSpec:
         return result
 
 
-def _error(index, key, problem):
+def _error(index: Optional[int], key: object, problem: str) -> SpecError:
     where = "dataset spec" if index is None else f"dataset spec collection {index}"
     return SpecError(f"{where}: {key!r} {problem}")
 
 
-def _number(value, index, key):
+def _number(value: object, index: Optional[int], key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise _error(index, key, f"must be a finite number, not {value!r}")
     if value < 0:
@@ -134,7 +134,7 @@ def _number(value, index, key):
     return float(value)
 
 
-def _scale(value, index):
+def _scale(value: object, index: int) -> Tuple[float, float]:
     if isinstance(value, (list, tuple)):
         if len(value) != 2:
             raise _error(index, "scale", f"must be a number or a [lo, hi] pair, not {value!r}")
@@ -146,7 +146,7 @@ def _scale(value, index):
     return factor, factor
 
 
-def _extensions(value, index):
+def _extensions(value: object, index: int) -> Tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
@@ -158,7 +158,7 @@ def _extensions(value, index):
     return names
 
 
-def _urls(value, index, trusted):
+def _urls(value: object, index: int, trusted: bool) -> Tuple[str, ...]:
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, (list, tuple)) or not value or \
@@ -176,7 +176,7 @@ def _urls(value, index, trusted):
     return tuple(urls)
 
 
-def _mapping(value, index, needs, known):
+def _mapping(value: object, index: Optional[int], needs: str, known: Tuple[str, ...]) -> Dict[str, Any]:
     """``value``, a mapping of ``known`` keys only; a SpecError saying what it ``needs`` otherwise."""
     if not isinstance(value, dict):
         raise SpecError(f"{needs}, not {type(value).__name__}")
@@ -186,7 +186,7 @@ def _mapping(value, index, needs, known):
     return value
 
 
-def _collection(entry, index, trusted):
+def _collection(entry: Any, index: int, trusted: bool) -> CollectionSpec:
     _mapping(entry, index, f"dataset spec collection {index} must be a mapping", _COLLECTION_KEYS)
     if "shards" not in entry:
         raise _error(index, "shards", "is missing")
@@ -199,7 +199,7 @@ def _collection(entry, index, trusted):
     )
 
 
-def _validated(document, trusted=True):
+def _validated(document: Any, trusted: bool = True) -> DatasetSpec:
     _mapping(document, None, "a dataset spec must be a mapping with a 'dataset' list", _TOP_KEYS)
     entries = document.get("dataset")
     if not isinstance(entries, (list, tuple)) or not entries:
@@ -210,7 +210,7 @@ def _validated(document, trusted=True):
     return spec
 
 
-def _parse(text, name):
+def _parse(text: str, name: str) -> Any:
     if name.lower().endswith(".json"):
         try:
             return json.loads(text)
@@ -257,15 +257,15 @@ def load_spec(source: _SpecSource) -> DatasetSpec:
 class _FieldSelector:
     """``select_files`` for tar members: keep those with one of the listed extensions."""
 
-    def __init__(self, extensions):
+    def __init__(self, extensions: Iterable[str]) -> None:
         self.extensions = frozenset(extensions)
 
-    def __call__(self, fname):
+    def __call__(self, fname: str) -> bool:
         _, extension = base_plus_ext(fname)
         return extension is not None and extension.lower() in self.extensions
 
 
-def _has_fields(data, extensions):
+def _has_fields(data: Iterable[Dict[str, Any]], extensions: Tuple[str, ...]) -> Iterator[Dict[str, Any]]:
     """Drop samples that kept none of the listed fields."""
     for sample in data:
         if any(extension in sample for extension in extensions):
@@ -275,9 +275,10 @@ def _has_fields(data, extensions):
 _keep_with_fields = pipelinefilter(_has_fields)
 
 
-def _collection_pipeline(c, index, seed, resampled, handler):
+def _collection_pipeline(c: CollectionSpec, index: int, seed: Any, resampled: bool,
+                         handler: _Handler) -> DataPipeline:
     if resampled:
-        stages = [ResampledShards(list(c.urls), seed=make_seed(seed, index), deterministic=True)]
+        stages: List[Any] = [ResampledShards(list(c.urls), seed=make_seed(seed, index), deterministic=True)]
     else:
         stages = [SimpleShardList(list(c.urls)), split_by_node, split_by_worker]
     select = None if c.extensions is None else _FieldSelector(c.extensions)
@@ -290,14 +291,15 @@ def _collection_pipeline(c, index, seed, resampled, handler):
 class SpecMix(RandomMix):
     """A ``RandomMix`` of a spec's collections, weighted by ``spec.weights`` in each epoch."""
 
-    def __init__(self, datasets, spec, longest=False, seed=0):
+    def __init__(self, datasets: Sequence[Iterable[Any]], spec: DatasetSpec, longest: bool = False,
+                 seed: Any = 0) -> None:
         if len(datasets) != len(spec.collections):
             raise ValueError(f"got {len(datasets)} datasets for "
                              f"{len(spec.collections)} collections")
         super().__init__(datasets, longest=longest, seed=seed)
         self.spec = spec
 
-    def epoch_probs(self, epoch):
+    def epoch_probs(self, epoch: int) -> List[float]:
         """The spec's weights for ``epoch``: the same in every node and worker."""
         return self.spec.weights(self.seed, epoch)
 

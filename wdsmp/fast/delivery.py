@@ -76,11 +76,21 @@ import enum
 import time
 import warnings
 from time import perf_counter_ns
+from typing import TYPE_CHECKING, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 from .._internal.redact import redacted
 from ..errors import WorkerError
 from .messages import BatchReady, Reading, WorkerDone, WorkerFailed, WorkerWarning
 from .pool import EOF, StartFailed, describe_exit
+
+if TYPE_CHECKING:
+    import weakref
+
+    from ..epochs.plan import EpochPlan
+    from .batches import Batch, SlotTensors
+    from .resources import LoaderResources, Workers
+    from .stats import LoaderStats
+    from .variety import LabelVariety
 
 __all__ = ["Delivery", "EpochIterator"]
 
@@ -138,8 +148,11 @@ class Delivery:
     user), ``consumed`` (each stream's items behind them), ``read`` (each stream's samples read
     behind them), ``handed_out`` (all of them)."""
 
-    def __init__(self, plan, workers, streams, *, resources, slots, stats, timeout=None, stall_timeout=None,
-                 ahead=None, variety=None, read=None):
+    def __init__(self, plan: "EpochPlan", workers: "Workers", streams: Sequence[Sequence[int]], *,
+                 resources: "LoaderResources", slots: "SlotTensors", stats: "LoaderStats",
+                 timeout: Optional[float] = None, stall_timeout: Optional[float] = None,
+                 ahead: Optional["weakref.WeakMethod[Callable[[int], None]]"] = None,
+                 variety: Optional["LabelVariety"] = None, read: Optional[Sequence[Optional[int]]] = None) -> None:
         self.plan, self.workers, self.streams = plan, workers, streams
         self.variety = variety  # a variety.LabelVariety watching the labels, or None
         self.resources, self.slots, self.stats = resources, slots, stats
@@ -155,31 +168,34 @@ class Delivery:
         # the delivered batches' when they were skipped by count; None: not known until its next batch.
         self.read = list(read) if read is not None and len(read) == plan.num_streams else [
             None if stream.consumed is not None else stream.skip_batches * plan.batch_size for stream in plan.streams]
-        self.total = [None] * plan.num_streams  # each stream's batch count, once it is done
-        self.pending = {}  # (stream, index) -> its BatchReady, arrived ahead of its turn
-        self.held = None  # the BatchReady whose slot the user holds (NOTE [batch lifetime])
+        self.total: List[Optional[int]] = [None] * plan.num_streams  # each stream's batch count, once it is done
+        # (stream, index) -> its BatchReady, arrived ahead of its turn
+        self.pending: Dict[Tuple[int, int], BatchReady] = {}
+        self.held: Optional[BatchReady] = None  # the BatchReady whose slot the user holds (NOTE [batch lifetime])
         self.phase = Phase.READING
         self.streams_ended = False  # every stream's end arrived: the next epoch may go (NOTE [next epoch ahead])
-        self.reading = {}  # worker -> the shard it said it reads
-        self.activity = {}  # worker -> (its last activity snapshot, when that was first seen)
+        self.reading: Dict[int, str] = {}  # worker -> the shard it said it reads
+        # worker -> (its last activity snapshot, when that was first seen)
+        self.activity: Dict[int, Tuple[object, float]] = {}
         self.checked = time.monotonic()  # the last liveness check
 
     @property
-    def epoch(self):
+    def epoch(self) -> int:
         return self.plan.epoch
 
     @property
-    def handed_out(self):
+    def handed_out(self) -> bool:
         """Whether every batch of the epoch went to the user (its end asked for or not):
         ``state_dict`` moves to the next epoch."""
         return self.phase is Phase.COMPLETE or (self.phase is Phase.ALL_TAKEN and self.handed == self.delivered)
 
-    def __len__(self):
+    def __len__(self) -> int:
         if self.plan.remaining is None:
             raise TypeError("the batch count of an epoch with unknown sample counts is unknown")
+        assert self.plan.batches_per_rank is not None  # remaining is None exactly when it is
         return self.plan.batches_per_rank - sum(self.delivered)
 
-    def next_batch(self):
+    def next_batch(self) -> "Batch":
         """The next batch on the CPU (a ``Batch`` of views of its slot, NOTE [batch lifetime]); the
         slot of the one before goes back to its worker."""
         self.stats.returned()
@@ -187,6 +203,7 @@ class Delivery:
             self.release(self.held)
             self.held = None
         message = self.next_message()
+        assert message is not None  # wait=True: None never comes
         self.hand(message)
         batch = self.slots.batch(message)
         if self.slots.copy:
@@ -196,7 +213,7 @@ class Delivery:
         self.stats.handed()
         return batch
 
-    def next_message(self, wait=True):
+    def next_message(self, wait: bool = True) -> Optional[BatchReady]:
         """The next ``BatchReady`` in delivery order; the caller must ``release`` it, and ``hand``
         it when its batch goes to the user. ``wait=False``: None if it has not arrived yet."""
         if self.phase.finished:
@@ -232,7 +249,7 @@ class Delivery:
                 self.variety.observe(labels)
         return message
 
-    def _await_ends(self):
+    def _await_ends(self) -> None:
         """Every planned batch is made: read the streams' ends, which follow their last batches at
         once, so that the next epoch goes ahead now (NOTE [next epoch ahead]), not at the next
         ``next()``, which may never come before the training loop's last steps."""
@@ -241,12 +258,12 @@ class Delivery:
             for worker, message in self.workers.pool.receive(self._listening(), deadline - time.monotonic()):
                 self._dispatch(worker, message)
 
-    def _last_batch_delivered(self):
+    def _last_batch_delivered(self) -> bool:
         """Whether every stream's planned batches are taken (known counts only)."""
         return all(stream.num_batches is not None and self.delivered[s] >= stream.num_batches
                    for s, stream in enumerate(self.plan.streams))
 
-    def hand(self, message):
+    def hand(self, message: BatchReady) -> None:
         """The batch of ``message`` goes to the user now: ``state_dict`` counts it as seen."""
         self.handed[message.stream] += 1
         self.consumed[message.stream] = message.consumed
@@ -254,11 +271,11 @@ class Delivery:
         if self.phase is Phase.FINISHED and self.handed == self.delivered:
             self._advance(Phase.COMPLETE)
 
-    def release(self, message):
+    def release(self, message: BatchReady) -> None:
         """Give the slot of ``message`` back to the worker that filled it."""
         self.workers.release(message.slot)
 
-    def leave(self):
+    def leave(self) -> None:
         """The next ``iter()`` comes (or the loader closes): an epoch whose batches were all handed
         out, its end never asked for (``zip(range(len(loader)), loader)``), is ended as its end
         would have ended it, and its workers go on with the next epoch; any other is abandoned."""
@@ -275,28 +292,28 @@ class Delivery:
                               f"starts new workers", RuntimeWarning, stacklevel=3)
         self.abandon()
 
-    def abandon(self):
+    def abandon(self) -> None:
         """End the epoch before its end: its workers stop, and the next epoch starts new ones."""
         self.held = None
         if not self.phase.finished:
             self._advance(Phase.FINISHED)
             self.workers.shutdown()
 
-    def _next_stream(self):
+    def _next_stream(self) -> Optional[int]:
         """The unfinished stream that delivered the fewest batches (the lowest number first);
         None when all are done."""
-        candidates = [s for s, n in enumerate(self.delivered) if self.total[s] is None or n < self.total[s]]
+        candidates = [s for s, n in enumerate(self.delivered) if (total := self.total[s]) is None or n < total]
         return min(candidates, key=lambda s: (self.delivered[s], s), default=None)
 
-    def _worker_done(self, worker):
+    def _worker_done(self, worker: int) -> bool:
         """Whether ``worker`` has ended all its streams of this epoch (its later messages and its
         exit belong to the next epoch)."""
         return all(self.total[s] is not None for s in self.streams[worker])
 
-    def _listening(self):
+    def _listening(self) -> List[int]:
         return [w for w in range(len(self.streams)) if not self._worker_done(w)]
 
-    def _receive(self, waiting_for, started):
+    def _receive(self, waiting_for: int, started: float) -> None:
         """Take the messages waiting (for up to ``_POLL`` seconds, for the first); raise when a
         worker failed, died, stalled or timed out (checked at least every ``_POLL`` seconds, also
         while other workers' messages keep coming)."""
@@ -307,7 +324,7 @@ class Delivery:
             self.checked = time.monotonic()
             self._check_workers(waiting_for, started)
 
-    def _dispatch(self, worker, message):
+    def _dispatch(self, worker: int, message: object) -> None:
         self.activity.pop(worker, None)  # a message is a sign of life
         if message is EOF:  # it exited: its last words were read before
             self.workers.pool.join(worker, 1.0)
@@ -332,16 +349,17 @@ class Delivery:
             self._fail(WorkerError(f"loader worker {worker} failed to start: {message.exc_type}: {message.message}\n"
                                    f"--- traceback in worker {worker} ---\n{message.traceback.rstrip()}"))
 
-    def _check_workers(self, waiting_for, started):
+    def _check_workers(self, waiting_for: int, started: float) -> None:
         self._check_processes(waiting_for)
         timeout = self.timeout
         if timeout is not None and time.monotonic() - started > timeout:
             stream = self._next_stream()
+            assert stream is not None
             self._fail(TimeoutError(f"no batch from loader worker {waiting_for} for {timeout} s "
                                     f"(epoch {self.plan.epoch}, batch {self.delivered[stream]} of its stream "
                                     f"{stream})"))
 
-    def _check_processes(self, waiting_for):
+    def _check_processes(self, waiting_for: int) -> None:
         # A worker that ended its part of this epoch and died after is the next epoch's to report.
         pool = self.workers.pool
         for worker, _ in pool.dead():  # a worker that failed said why before it exited: read that first
@@ -360,9 +378,10 @@ class Delivery:
         if self.stall_timeout is not None:
             self._check_progress(waiting_for)
 
-    def _check_progress(self, worker):
+    def _check_progress(self, worker: int) -> None:
         """NOTE [stalled workers]: a WorkerError once ``worker`` has shown no sign of life for
         ``stall_timeout`` seconds of waiting for it."""
+        assert self.stall_timeout is not None  # _check_processes calls it only then
         now, pool = time.monotonic(), self.workers.pool
         snapshot = pool.activity(worker)
         last = self.activity.get(worker)
@@ -383,7 +402,7 @@ class Delivery:
             f"that still shows signs of life is never stopped: set stall_timeout (now {self.stall_timeout:g} s) "
             f"higher, or None to wait for ever"))
 
-    def _fail(self, error):
+    def _fail(self, error: Exception) -> NoReturn:
         self.abandon()
         raise error
 
@@ -393,7 +412,7 @@ class Delivery:
             raise RuntimeError(f"an epoch cannot go from {self.phase.name} to {phase.name}")
         self.phase = phase
 
-    def _finish(self):
+    def _finish(self) -> None:
         self._advance(Phase.COMPLETE if self.handed == self.delivered else Phase.FINISHED)
         if self.held is not None:
             self.release(self.held)
@@ -406,15 +425,15 @@ class EpochIterator:
     and its memory alive until the loop lets go of its iterator (NOTE [shutdown order] in
     ``loader.py``)."""
 
-    def __init__(self, loader, delivery):
+    def __init__(self, loader: object, delivery: Delivery) -> None:
         self.loader, self.delivery = loader, delivery
 
-    def __iter__(self):
+    def __iter__(self) -> "EpochIterator":
         return self
 
-    def __next__(self):
+    def __next__(self) -> "Batch":
         return self.delivery.next_batch()
 
-    def __len__(self):
+    def __len__(self) -> int:
         """The batches still to come this epoch (TypeError where sample counts are unknown)."""
         return len(self.delivery)
