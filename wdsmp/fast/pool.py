@@ -53,6 +53,7 @@ import traceback
 import types
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Union, cast
 
 from .._internal.liveness import exit_with_parent
 
@@ -83,7 +84,7 @@ EOF = object()  # what ``WorkerPool.receive`` returns for a worker whose pipe ha
 _importing_main = False  # set in a spawned worker while it imports the user's script
 
 
-def starting_a_worker():
+def starting_a_worker() -> bool:
     """Whether this process is a spawned worker still importing the user's script (NOTE [worker
     processes]): a loader made now comes from a script without a main guard."""
     return _importing_main
@@ -96,7 +97,7 @@ def _unpicklable(exn: BaseException) -> TypeError:
                      f"start the workers with start_method='fork'")
 
 
-def refers_to_main(obj):
+def refers_to_main(obj: object) -> bool:
     """Whether unpickling ``obj`` needs the ``__main__`` module; TypeError when ``obj`` does not pickle."""
     try:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
@@ -106,7 +107,7 @@ def refers_to_main(obj):
                for _, arg, _ in pickletools.genops(data))
 
 
-def main_module():
+def main_module() -> Optional[Tuple[str, str]]:
     """How a spawned worker imports the user's script: ``("name", module name)`` for ``python -m``,
     ``("path", file)`` for a script; None where there is none to import (an interactive session,
     ``python -c``)."""
@@ -128,12 +129,13 @@ class StartFailed:
     traceback: str
 
 
-def run_spawned(inbox, outbox, sentinel, main, call, worker):
+def run_spawned(inbox: Connection, outbox: int, sentinel: int, main: Optional[Tuple[str, str]], call: bytes,
+                worker: int) -> None:
     """The rest of :data:`BOOTSTRAP` in a spawned worker: watch the parent (file descriptor
     ``sentinel``), import the user's script if asked (``main``, from ``main_module``), then run
     worker number ``worker`` of the pickled ``call`` with its pipes (``outbox``: a descriptor)."""
     global _importing_main
-    outbox = Connection(outbox, readable=False)
+    sender = Connection(outbox, readable=False)
     exit_with_parent(sentinel)
     try:
         if main is not None:
@@ -154,14 +156,15 @@ def run_spawned(inbox, outbox, sentinel, main, call, worker):
         failure = StartFailed(type(exn).__qualname__, str(exn),
                               "".join(traceback.format_exception(type(exn), exn, exn.__traceback__)))
         try:
-            outbox.send(failure)
+            sender.send(failure)
         except OSError:
             pass  # the loader is gone
         sys.exit(1)
-    target(inbox, outbox, *argsets[worker])
+    target(inbox, sender, *argsets[worker])
 
 
-def _run_forked(target, inbox, outbox, args, parents_ends):
+def _run_forked(target: Callable[..., object], inbox: Connection, outbox: Connection, args: Tuple[object, ...],
+                parents_ends: Iterable[Connection]) -> None:
     """A forked worker: the loader's pipes are its; SIGINT is the loader's to handle. The copies
     of the loader's ends of the pipes (``parents_ends``) that the fork made are closed, so that
     the worker sees its pipe close when the loader closes it."""
@@ -176,24 +179,24 @@ class _Spawned:
     """A spawned worker's process, seen as a multiprocessing ``Process`` is (``pid``, ``exitcode``,
     ``join``, ``terminate``, ``kill``)."""
 
-    def __init__(self, popen):
+    def __init__(self, popen: "subprocess.Popen[bytes]") -> None:
         self.popen = popen
         self.pid = popen.pid
 
     @property
-    def exitcode(self):
+    def exitcode(self) -> Optional[int]:
         return self.popen.poll()
 
-    def join(self, timeout=None):
+    def join(self, timeout: Optional[float] = None) -> None:
         try:
             self.popen.wait(timeout)
         except subprocess.TimeoutExpired:
             pass
 
-    def terminate(self):
+    def terminate(self) -> None:
         self.popen.terminate()
 
-    def kill(self):
+    def kill(self) -> None:
         self.popen.kill()
 
 
@@ -203,7 +206,13 @@ class WorkerPool:
     worker receives on, ``outbox`` the one it sends on. ``main``: a spawned worker imports the
     user's script first (``main_module()``)."""
 
-    def __init__(self, target, argsets, start_method="spawn", main=False, name="wdsmp-worker"):
+    processes: "List[Union[multiprocessing.process.BaseProcess, _Spawned]]"
+    inboxes: List[Connection]
+    outboxes: List[Connection]
+    _sentinel: Optional[int]
+
+    def __init__(self, target: Callable[..., object], argsets: Sequence[Sequence[object]], start_method: str = "spawn",
+                 main: bool = False, name: str = "wdsmp-worker") -> None:
         if start_method not in START_METHODS:
             raise ValueError(f"start_method must be one of {START_METHODS}, not {start_method!r}")
         self.processes, self.inboxes, self.outboxes = [], [], []
@@ -217,7 +226,7 @@ class WorkerPool:
             self.stop(0.0)
             raise
 
-    def _fork(self, target, argsets, name):
+    def _fork(self, target: Callable[..., object], argsets: Sequence[Sequence[object]], name: str) -> None:
         if multiprocessing.current_process().daemon:
             raise ValueError("start_method='fork' cannot start workers from a daemonic process (a DataLoader's "
                              "worker, say): multiprocessing refuses it; use start_method='spawn' (the default), "
@@ -237,7 +246,8 @@ class WorkerPool:
                 outbox.close()
             self.processes.append(process)
 
-    def _spawn(self, target, argsets, main):
+    def _spawn(self, target: Callable[..., object], argsets: Sequence[Sequence[object]],
+               main: Optional[Tuple[str, str]]) -> None:
         # Pickled once for all, before any process starts: what the argument tuples share (the
         # loader's settings) goes once.
         try:
@@ -264,7 +274,7 @@ class WorkerPool:
             connection.send((sys.path, sys.argv, main, worker))
             connection.send_bytes(call)
 
-    def send(self, worker, message):
+    def send(self, worker: int, message: object) -> bool:
         """Send ``message`` to worker ``worker``; False where it cannot take it any more (it exited:
         the liveness checks report that)."""
         try:
@@ -273,13 +283,13 @@ class WorkerPool:
         except (OSError, ValueError):  # a broken pipe, or closed by stop()
             return False
 
-    def receive(self, workers, timeout, most=64):
+    def receive(self, workers: Iterable[int], timeout: Optional[float], most: int = 64) -> List[Tuple[int, Any]]:
         """``[(worker, message), ...]``: the messages waiting from ``workers`` (at most ``most`` from
         each), waiting up to ``timeout`` seconds for the first; the message is :data:`EOF` where a
         worker's pipe has closed (it exited; it is not listened to again)."""
         connections = {self.outboxes[w]: w for w in workers if not self.outboxes[w].closed}
-        received = []
-        for connection in wait(list(connections), timeout):
+        received: List[Tuple[int, Any]] = []
+        for connection in cast(List[Connection], wait(list(connections), timeout)):
             worker = connections[connection]
             for _ in range(most):
                 try:
@@ -292,18 +302,18 @@ class WorkerPool:
                     break
         return received
 
-    def dead(self):
+    def dead(self) -> List[Tuple[int, int]]:
         """``[(worker, exitcode), ...]`` of the workers that have exited."""
         return [(i, p.exitcode) for i, p in enumerate(self.processes) if p.exitcode is not None]
 
-    def join(self, worker, timeout):
+    def join(self, worker: int, timeout: Optional[float]) -> None:
         """Wait up to ``timeout`` seconds for worker ``worker`` to exit."""
         self.processes[worker].join(timeout)
 
-    def pids(self):
+    def pids(self) -> List[Optional[int]]:
         return [p.pid for p in self.processes]
 
-    def activity(self, worker):
+    def activity(self, worker: int) -> Optional[Tuple[Tuple[int, float, float, int, int, Tuple[int, ...]], ...]]:
         """What worker ``worker``'s process and the processes it started (a program a stage
         runs) have done so far, as the kernel counts it, each process apart: CPU time (all
         threads), bytes read and written, and context switches (each sleep, wait or blocking
@@ -317,7 +327,7 @@ class WorkerPool:
             family = [process, *process.children(recursive=True)]
         except (psutil.Error, OSError):
             return None
-        snapshot = []
+        snapshot: List[Tuple[int, float, float, int, int, Tuple[int, ...]]] = []
         for member in family:
             try:
                 with member.oneshot():
@@ -333,7 +343,7 @@ class WorkerPool:
             snapshot.append((member.pid, cpu.user, cpu.system, switches.voluntary, switches.involuntary, tuple(io)))
         return tuple(snapshot)
 
-    def state(self, worker):
+    def state(self, worker: int) -> str:
         """Worker ``worker``'s process state in the kernel's words ("stopped", "disk-sleep", ...)."""
         import psutil
 
@@ -342,13 +352,13 @@ class WorkerPool:
         except (psutil.Error, OSError):
             return "unknown"
 
-    def kill(self, worker):
+    def kill(self, worker: int) -> None:
         """SIGKILL worker ``worker`` and the processes it started (a stopped process too; one in
         an uninterruptible read dies when the read returns)."""
         _kill_children(self.processes[worker].pid)
         self.processes[worker].kill()
 
-    def stop(self, timeout=5.0):
+    def stop(self, timeout: float = 5.0) -> None:
         """Close the pipes (a worker blocked sending gets a broken pipe; one waiting for messages
         reads what was sent, then the end), wait up to ``timeout`` seconds for the workers to exit,
         then terminate, then kill the rest. Idempotent."""
@@ -372,7 +382,7 @@ class WorkerPool:
                 process.join(2.0)
 
 
-def _kill_children(pid):
+def _kill_children(pid: Optional[int]) -> None:
     """SIGKILL the processes that process ``pid`` started, and theirs."""
     import psutil
 
@@ -387,13 +397,13 @@ def _kill_children(pid):
             pass
 
 
-def _pipe():
+def _pipe() -> Tuple[Connection, Connection]:
     """``(read end, write end)`` of a new pipe, as connections."""
     read, write = os.pipe()
     return Connection(read, writable=False), Connection(write, readable=False)
 
 
-def describe_exit(exitcode):
+def describe_exit(exitcode: Optional[int]) -> str:
     """Words for a process exit code: ``"exit code 3"``, ``"signal SIGKILL (out of memory?)"``."""
     if exitcode is None:
         return "no exit code"

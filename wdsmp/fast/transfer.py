@@ -44,13 +44,81 @@ import collections
 import os
 import warnings
 from time import perf_counter_ns
+from types import ModuleType
+from typing import (TYPE_CHECKING, Any, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Protocol,
+                    SupportsInt, Tuple, Union, cast)
 
 from .._internal.validation import positive_int
 
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from .batches import Batch, SlotTensors
+    from .messages import BatchReady
+    from .ring import Ring
+    from .stats import LoaderStats
+
 __all__ = ["CudaLoader", "rank_device_warning", "to_model_input"]
 
+# A pinned staging buffer set: (the event of the copy that last read it, its tensors).
+_Staged = Tuple["torch.cuda.Event", List["torch.Tensor"]]
 
-def _clear_cuda_error(torch):
+
+# What this module uses of the loader's objects, as protocols: loader.py, delivery.py and resources.py import
+# this module, so it does not import them.
+
+
+class _Resources(Protocol):
+    """What the pinning uses of a ``resources.LoaderResources``."""
+
+    pinned: Optional["PinnedRing"]
+
+    @property
+    def ring(self) -> "Ring": ...
+
+    def on_close(self, cleanup: Callable[[], object]) -> None: ...
+
+
+class _Delivery(Protocol):
+    """What ``CudaLoader`` uses of an epoch's ``delivery.Delivery``."""
+
+    @property
+    def resources(self) -> _Resources: ...
+
+    @property
+    def slots(self) -> "SlotTensors": ...
+
+    @property
+    def stats(self) -> "LoaderStats": ...
+
+    def next_message(self, wait: bool = True) -> Optional["BatchReady"]: ...
+
+    def hand(self, message: "BatchReady") -> None: ...
+
+    def release(self, message: "BatchReady") -> None: ...
+
+    def abandon(self) -> None: ...
+
+
+class _EpochIterator(Protocol):
+    """What ``CudaLoader`` uses of a ``delivery.EpochIterator``."""
+
+    @property
+    def delivery(self) -> _Delivery: ...
+
+    def __next__(self) -> "Batch": ...
+
+
+class _Loader(Protocol):
+    """What ``CudaLoader`` uses of a ``FastLoader``."""
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> _EpochIterator: ...
+
+
+def _clear_cuda_error(torch: ModuleType) -> None:
     """Reset the calling thread's last CUDA runtime error after a failed runtime call made
     outside torch (``cudaHostRegister``), so that torch's next launch check does not report it
     against an unrelated kernel: a one-element kernel, whose launch check reads the stale error
@@ -61,7 +129,7 @@ def _clear_cuda_error(torch):
         pass
 
 
-def _cuda_error(cudart, result):
+def _cuda_error(cudart: ModuleType, result: SupportsInt) -> str:
     """CUDA's message for ``result``, a cudaError returned by a ``torch.cuda.cudart()`` call."""
     try:
         return f"{cudart.cudaGetErrorString(result)} (cudaError {int(result)})"
@@ -75,13 +143,16 @@ class PinnedRing:
     per device, which copy from it (``readers``): waited for before new workers write into its
     slots and before it is unregistered at the loader's close."""
 
-    def __init__(self, resources, device):
+    error: Optional[str]
+    _memory: "Optional[np.ndarray]"
+
+    def __init__(self, resources: _Resources, device: "torch.device") -> None:
         import numpy as np
         import torch
 
         memory = np.frombuffer(resources.ring.buffer, np.uint8)
         self.pointer, self.device, self.error = memory.ctypes.data, device, None
-        self.readers = {}  # device -> the loader's side stream there
+        self.readers: Dict["torch.device", "torch.cuda.Stream"] = {}  # device -> the loader's side stream there
         cudart = torch.cuda.cudart()
         with torch.cuda.device(device):
             result = cudart.cudaHostRegister(self.pointer, memory.nbytes, 1)  # 1: cudaHostRegisterPortable
@@ -94,7 +165,7 @@ class PinnedRing:
         self._memory = memory  # keeps the mapping alive while it is registered
         resources.on_close(self.unregister)
 
-    def side_stream(self, device):
+    def side_stream(self, device: "torch.device") -> "torch.cuda.Stream":
         """The loader's side stream on ``device``: one per loader and device, whatever the
         number of ``.cuda()`` objects and epochs."""
         import torch
@@ -103,13 +174,13 @@ class PinnedRing:
             self.readers[device] = torch.cuda.Stream(device)
         return self.readers[device]
 
-    def wait(self):
+    def wait(self) -> None:
         """Wait for the copies that may still read the ring (a ``.cuda()`` iterator left
         suspended): only the loader's own streams, not the device's others."""
         for stream in self.readers.values():
             stream.synchronize()
 
-    def unregister(self):
+    def unregister(self) -> None:
         """``wait()``, then unregister the ring. After an error that broke the CUDA context
         neither is possible: the registration went with the context."""
         import torch
@@ -128,7 +199,7 @@ class PinnedRing:
         self._memory = None
 
 
-def pin(resources, device):
+def pin(resources: _Resources, device: "torch.device") -> PinnedRing:
     """The ring of ``resources`` (a ``LoaderResources``) registered with CUDA once per loader
     (a ``PinnedRing``); a failure warns once."""
     pinned = resources.pinned
@@ -142,7 +213,7 @@ def pin(resources, device):
     return pinned
 
 
-def rank_device_warning(device_index, environ, device_count):
+def rank_device_warning(device_index: int, environ: Mapping[str, str], device_count: int) -> Optional[str]:
     """The warning for batches going to ``cuda:device_index`` in a process that torchrun (or
     another launcher setting ``LOCAL_RANK``) started as another local rank, where that rank's
     GPU is visible; None when nothing looks wrong."""
@@ -154,7 +225,9 @@ def rank_device_warning(device_index, environ, device_count):
             f"torch.cuda.set_device(local_rank) first")
 
 
-def to_model_input(images, *, scale=None, bias=None, dtype=None, channels_last=True):
+def to_model_input(images: "torch.Tensor", *, scale: Optional["torch.Tensor"] = None,
+                   bias: Optional["torch.Tensor"] = None, dtype: Optional["torch.dtype"] = None,
+                   channels_last: bool = True) -> "torch.Tensor":
     """NHWC uint8 ``images`` (any device) as the model takes them: NCHW in ``channels_last``
     memory (no copy for uint8) or contiguous; with ``scale`` and ``bias`` (float32, shape
     ``(1, 3, 1, 1)``), ``images * scale + bias`` computed in float32 and rounded once to
@@ -168,7 +241,7 @@ def to_model_input(images, *, scale=None, bias=None, dtype=None, channels_last=T
     out = torch.empty(images.shape, dtype=dtype or torch.float32, device=images.device, memory_format=layout)
     if scale is None:
         return out.copy_(images)
-    return torch.addcmul(bias, images, scale, out=out)
+    return torch.addcmul(cast("torch.Tensor", bias), images, scale, out=out)
 
 
 class _InFlight:
@@ -178,7 +251,8 @@ class _InFlight:
 
     __slots__ = ("message", "batch", "started", "copied", "ready", "released")
 
-    def __init__(self, message, batch, started, copied, ready):
+    def __init__(self, message: "BatchReady", batch: "Batch", started: "torch.cuda.Event", copied: "torch.cuda.Event",
+                 ready: "torch.cuda.Event") -> None:
         self.message, self.batch, self.started, self.copied, self.ready = message, batch, started, copied, ready
         self.released = False
 
@@ -199,7 +273,13 @@ class CudaLoader:
     stay valid as long as they are referenced (``copy=True`` changes nothing here).
     """
 
-    def __init__(self, loader, device=None, *, mean=None, std=None, dtype=None, channels_last=True, depth=2):
+    scale: "Optional[torch.Tensor]"
+    bias: "Optional[torch.Tensor]"
+    stream: "Optional[torch.cuda.Stream]"
+
+    def __init__(self, loader: _Loader, device: Union[str, int, "torch.device", None] = None, *,
+                 mean: Optional[Iterable[float]] = None, std: Optional[Iterable[float]] = None,
+                 dtype: Optional["torch.dtype"] = None, channels_last: bool = True, depth: int = 2) -> None:
         import torch
 
         positive_int(depth, "depth")
@@ -212,7 +292,7 @@ class CudaLoader:
             dtype = torch.float32 if dtype is None else dtype
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise ValueError(f"dtype must be a torch dtype, not {dtype!r}")
-        if mean is not None and not dtype.is_floating_point:
+        if mean is not None and not cast("torch.dtype", dtype).is_floating_point:
             raise ValueError(f"normalised images need a floating dtype, not {dtype}")
         if not torch.cuda.is_available():
             raise RuntimeError("FastLoader.cuda() needs a CUDA device, and torch.cuda.is_available() is False "
@@ -236,10 +316,10 @@ class CudaLoader:
             self.bias = (-mean64 / std64).float().to(self.device)
         self.stream = None  # the loader's side stream on ``device``, from the first iteration on
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.loader)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator["Batch"]:
         import torch
 
         batches = iter(self.loader)  # held here: it holds the loader (NOTE [shutdown order] in loader.py)
@@ -248,7 +328,9 @@ class CudaLoader:
         pinned = pin(epoch.resources, self.device)
         stats.pinning(pinned.ok, pinned.error)
         self.stream = pinned.side_stream(self.device)
-        staging = None if pinned.ok else [None] * (self.depth + 1)
+        staging: Optional[List[Optional[_Staged]]] = None if pinned.ok else [None] * (self.depth + 1)
+        inflight: Deque[_InFlight]
+        entry: Optional[_InFlight]
         inflight, issued, exhausted = collections.deque(), 0, False
         try:
             while True:
@@ -292,13 +374,13 @@ class CudaLoader:
             except RuntimeError:  # the CUDA context is broken: the epoch cannot go on
                 epoch.abandon()
 
-    def _hand_out(self, epoch, entry, stats):
+    def _hand_out(self, epoch: _Delivery, entry: _InFlight, stats: "LoaderStats") -> None:
         """The batch of ``entry`` goes out: its copy is done (it was issued a batch ago, so the
         wait is normally nil), its slot goes back, its copy time is counted."""
         self._give_back(epoch, entry, stats)
         stats.add_h2d(int(entry.started.elapsed_time(entry.copied) * 1e6))
 
-    def _give_back(self, epoch, entry, stats):
+    def _give_back(self, epoch: _Delivery, entry: _InFlight, stats: "LoaderStats") -> None:
         """Wait for the copy of ``entry`` (counted as the host's wait for copies), then give its
         slot back (a staged batch's went back at once)."""
         start = perf_counter_ns()
@@ -308,13 +390,14 @@ class CudaLoader:
             entry.released = True
             epoch.release(entry.message)
 
-    def _release_done(self, epoch, inflight, stats):
+    def _release_done(self, epoch: _Delivery, inflight: Iterable[_InFlight], stats: "LoaderStats") -> None:
         """Give back the slots whose copies are done (never waiting)."""
         for entry in inflight:
             if not entry.released and entry.copied.query():
                 self._give_back(epoch, entry, stats)
 
-    def _start(self, epoch, message, staging, index):
+    def _start(self, epoch: _Delivery, message: "BatchReady", staging: Optional[List[Optional[_Staged]]],
+               index: int) -> _InFlight:
         """Start copying the slot of ``message`` to the device and normalising it, on the side
         stream; an ``_InFlight``."""
         import torch
@@ -342,7 +425,7 @@ class CudaLoader:
         return entry
 
 
-def _stage(previous, tensors):
+def _stage(previous: Optional[_Staged], tensors: List["torch.Tensor"]) -> List["torch.Tensor"]:
     """``tensors`` copied into pinned staging buffers: those of ``previous`` (``(the event of
     the copy that last read them, buffers)``, or None), once that copy is done, where they fit;
     else new ones."""
@@ -354,7 +437,7 @@ def _stage(previous, tensors):
     return [torch.empty_like(t, pin_memory=True).copy_(t) for t in tensors]
 
 
-def _channel_values(values, name):
+def _channel_values(values: Any, name: str) -> Tuple[float, ...]:
     """Three finite floats (R, G, B) from ``values``."""
     import math
 
@@ -367,7 +450,7 @@ def _channel_values(values, name):
     return values
 
 
-def _tensors(batch):
+def _tensors(batch: "Batch") -> List["torch.Tensor"]:
     """The batch's tensors in a fixed order: images, labels (if any), declared fields."""
     tensors = [batch.images]
     if batch.labels is not None:
@@ -376,7 +459,7 @@ def _tensors(batch):
     return tensors
 
 
-def _rebuild(batch, tensors):
+def _rebuild(batch: "Batch", tensors: Iterable["torch.Tensor"]) -> "Batch":
     """A batch like ``batch`` holding ``tensors`` (in ``_tensors`` order)."""
     tensors = list(tensors)
     images = tensors.pop(0)

@@ -36,18 +36,20 @@ import io
 import threading
 import warnings
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from time import perf_counter_ns
-from typing import Callable, Optional, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Generator, Iterable, Iterator, Optional, Tuple, Type, Union, cast
 
 import numpy as np
 
 from .._internal.seeding import SampleDraws
-from ..epochs.plan import EpochPlanner
+from ..epochs.plan import EpochPlanner, PlanPosition, ShardRange, StreamPlan
 from ..errors import SampleError, WdsmpError
 from ..epochs.spans import SpanReader
 from ..epochs.stream import stream_samples, stream_start
 from ..utils import make_seed
-from .imagedecode import decode_with_options
+from .imagedecode import ImageInfo, decode_with_options
+from .layout import BatchLayout, FieldSpec
 from .messages import BatchReady, EpochTask, Reading, Stop, WorkerDone, WorkerFailed, WorkerWarning
 from .options import DecodeOptions
 from .ring import Ring
@@ -82,7 +84,7 @@ class WorkerConfig:
     """
 
     ring: str
-    layout: object
+    layout: BatchLayout
     image_keys: Tuple[str, ...]
     label: Union[str, Callable, None]
     fields: Tuple[Tuple[str, Union[str, Callable]], ...]
@@ -98,7 +100,7 @@ class WorkerConfig:
     files: Tuple[Tuple[int, ...], ...] = ()
 
     @property
-    def counts(self):
+    def counts(self) -> Tuple[Optional[int], ...]:
         """Each shard's sample count (None: unknown), by shard number."""
         return tuple(count for _, count in self.planner.shards)
 
@@ -111,12 +113,12 @@ class _Inbox:
     """What the loader sends this worker (NOTE [loader protocol] in ``delivery.py``): free slots
     (ints), ``EpochTask``s and ``Stop``, each kept until asked for."""
 
-    def __init__(self, connection, slots):
+    def __init__(self, connection: Connection, slots: Iterable[int]) -> None:
         self.connection = connection
         self.slots = collections.deque(slots)
-        self.tasks = collections.deque()
+        self.tasks: Deque[EpochTask] = collections.deque()
 
-    def _receive(self):
+    def _receive(self) -> None:
         try:
             message = self.connection.recv()
         except (EOFError, OSError):  # the loader's end is gone
@@ -125,17 +127,17 @@ class _Inbox:
             raise _Stopped()
         (self.tasks if isinstance(message, EpochTask) else self.slots).append(message)
 
-    def slot(self):
+    def slot(self) -> int:
         """A free slot, waiting for the loader to give one back if none is."""
         while not self.slots:
             self._receive()
         return self.slots.popleft()
 
-    def give_back(self, slot):
+    def give_back(self, slot: int) -> None:
         """A slot taken but not filled after all."""
         self.slots.appendleft(slot)
 
-    def task(self):
+    def task(self) -> EpochTask:
         """The next epoch's task, waiting for it."""
         while not self.tasks:
             self._receive()
@@ -146,11 +148,11 @@ class _Outbox:
     """What this worker tells the loader: one message at a time, from any thread (a stage's
     thread may warn)."""
 
-    def __init__(self, connection):
+    def __init__(self, connection: Connection) -> None:
         self.connection = connection
         self._lock = threading.Lock()
 
-    def put(self, message):
+    def put(self, message: Union[BatchReady, Reading, WorkerDone, WorkerFailed, WorkerWarning]) -> None:
         try:
             with self._lock:
                 self.connection.send(message)
@@ -158,40 +160,43 @@ class _Outbox:
             raise _Stopped() from None
 
 
-def worker_main(inbox, outbox, worker, config, slots):
+def worker_main(inbox: Connection, outbox: Connection, worker: int, config: WorkerConfig,
+                slots: Iterable[int]) -> None:
     """Serve epochs: take each ``EpochTask`` from ``inbox`` (a connection, with the slots the
     loader gives back and ``Stop``), fill slots (``slots``: this worker's, all free at first),
     announce them on ``outbox``; until ``Stop``, or the loader's end of either pipe closes."""
     gc.freeze()  # NOTE [inherited objects]
-    inbox, outbox = _Inbox(inbox, slots), _Outbox(outbox)
+    from_loader, to_loader = _Inbox(inbox, slots), _Outbox(outbox)
 
-    def forward(message, category, *_):
-        outbox.put(WorkerWarning.from_warning(worker, message, category))
+    def forward(message: Union[Warning, str], category: Type[Warning], *_: object) -> None:
+        to_loader.put(WorkerWarning.from_warning(worker, message, category))
 
-    warnings.showwarning = forward  # warnings go to the main process, where the user sees them
+    # warnings go to the main process, where the user sees them
+    warnings.showwarning = cast(Callable[..., None], forward)
     where, clock = _Where(), WorkerClock()
     try:
         try:
             ring = Ring.attach(config.ring, config.layout)
         except Exception as exn:
-            outbox.put(WorkerFailed.from_exception(worker, exn))
+            to_loader.put(WorkerFailed.from_exception(worker, exn))
             return
         try:
-            _serve(worker, config, ring, inbox, outbox, where, clock)
+            _serve(worker, config, ring, from_loader, to_loader, where, clock)
         finally:
             ring.close()
     except _Stopped:
         return
 
 
-def _serve(worker, config, ring, inbox, outbox, where, clock):
+def _serve(worker: int, config: WorkerConfig, ring: Ring, inbox: _Inbox, outbox: _Outbox, where: "_Where",
+           clock: WorkerClock) -> None:
     """Make the batches of each task; a failure goes to the loader as a ``WorkerFailed`` and ends
     the worker."""
     try:
         while True:
             task = inbox.task()
             clock.restart()  # the time spent waiting for this epoch is nobody's
-            plan = config.planner.plan(task.position)
+            plan = config.planner.plan(cast(Union[int, PlanPosition], task.position))
             spans = SpanReader(config.paths, config.spans, clock.reads, config.files) if config.paths else None
             try:
                 streams = [_WorkerStream(worker, config, plan.streams[s], ring, inbox, outbox, where, clock, spans)
@@ -212,7 +217,7 @@ def _serve(worker, config, ring, inbox, outbox, where, clock):
         outbox.put(WorkerFailed.from_exception(worker, exn, shard, member))
 
 
-def _run_streams(streams, outbox):
+def _run_streams(streams: Iterable["_WorkerStream"], outbox: _Outbox) -> None:
     """Make the batches of ``streams`` interleaved as the loader delivers them: next, the
     unfinished stream with the fewest batches (the lowest number first). A worker running
     several streams (a resume with fewer workers) so makes them in the order a run with one
@@ -227,7 +232,7 @@ def _run_streams(streams, outbox):
             runs.remove((stream, run))
 
 
-def _turn(stream):
+def _turn(stream: "_WorkerStream") -> Tuple[int, int]:
     """Which of a worker's streams makes its next batch first: the fewest batches, then the lowest number."""
     return stream.index, stream.plan.stream
 
@@ -235,10 +240,11 @@ def _turn(stream):
 class _Where:
     """The shard and member the worker read last, for error messages."""
 
-    url = member = None
+    url: Optional[str] = None
+    member: Optional[str] = None
 
 
-def _located(exn, sample):
+def _located(exn: BaseException, sample: Dict[str, Any]) -> BaseException:
     """``exn`` as an error naming the sample's shard and key when it names nothing itself."""
     if getattr(exn, "url", None) is None and isinstance(exn, Exception) and not isinstance(exn, WdsmpError):
         error = SampleError(f"{type(exn).__name__}: {exn}", sample.get("__url__"), sample.get("__key__"))
@@ -250,7 +256,8 @@ def _located(exn, sample):
 class _WorkerStream:
     """One stream of an epoch, run by one worker (NOTE [full batches])."""
 
-    def __init__(self, worker, config, plan, ring, inbox, outbox, where, clock, spans=None):
+    def __init__(self, worker: int, config: WorkerConfig, plan: StreamPlan, ring: Ring, inbox: _Inbox,
+                 outbox: _Outbox, where: _Where, clock: WorkerClock, spans: Optional[SpanReader] = None) -> None:
         self.worker, self.config, self.plan = worker, config, plan
         self.spans = spans  # the worker's SpanReader, shared by its streams (global order)
         self.ring, self.inbox, self.outbox, self.where = ring, inbox, outbox, where
@@ -259,10 +266,11 @@ class _WorkerStream:
         self.specs = {spec.name: spec for spec in config.layout.fields}
         self.samples = self.skipped = self.padded = self.taken = self.read = 0
         self.index = plan.skip_batches  # the number of the stream's next batch
-        self.last_good = None  # a copy of the last row of the last full batch: {field: array}
+        # a copy of the last row of the last full batch: {field: array}
+        self.last_good: Optional[Dict[str, np.ndarray]] = None
         self.augment_seed = make_seed(plan.seed, "augment")  # each sample's draws come from it and its number
 
-    def _handle(self, exn):
+    def _handle(self, exn: BaseException) -> bool:
         """The user's handler on a bad sample or shard: True to go on (counted as skipped, and as a
         sample read: a stream that skipped one no longer says by its counts which it delivered)."""
         if self.config.handler(exn):
@@ -271,7 +279,7 @@ class _WorkerStream:
             return True
         return False
 
-    def _source(self):
+    def _source(self) -> Iterator[Dict[str, Any]]:
         """Samples of the plan, through the user's stages, the shuffle buffer and the resume skip
         (``epochs.stream``, as ExactSamples reads them)."""
         plan, config = self.plan, self.config
@@ -282,7 +290,7 @@ class _WorkerStream:
                               clock=self.clock.reads, counts=config.counts if config.counts else None,
                               shards=self._entered, positions=self._announced, watch=self._timed)
 
-    def _timed(self, samples):
+    def _timed(self, samples: Iterator[Dict[str, Any]]) -> Iterator[Dict[str, Any]]:
         """``samples``, their reading timed and each noted in ``where``."""
         clock = self.clock
         while True:
@@ -295,7 +303,7 @@ class _WorkerStream:
             self.where.url, self.where.member = sample.get("__url__"), sample.get("__key__")
             yield sample
 
-    def _entered(self, ranges):
+    def _entered(self, ranges: Iterable[ShardRange]) -> Iterator[ShardRange]:
         """``ranges``, noting each shard in ``where`` as its reading starts (no member read yet) and
         announcing it to the loader before it is opened (``Reading``)."""
         for shard in ranges:
@@ -303,7 +311,7 @@ class _WorkerStream:
             self.outbox.put(Reading(self.worker, shard.url))
             yield shard
 
-    def _announced(self, refs):
+    def _announced(self, refs: Iterable[Tuple[int, int, str, bool]]) -> Iterator[Tuple[int, int, str]]:
         """``refs`` (``StreamPlan.samples``) as ``(shard, index, url)``, each noted in ``where``; the
         shard is announced to the loader (``Reading``) at most once per batch of samples, where it
         changed: consecutive samples come from different shards."""
@@ -317,16 +325,18 @@ class _WorkerStream:
             since += 1
             yield shard, index, url
 
-    def run(self):
+    def run(self) -> Generator[None, None, WorkerDone]:
         """Fill and announce this stream's batches, pausing after each (``self.index`` is the next
         one's number); its value at the end is the ``WorkerDone`` to send."""
         plan, size, clock = self.plan, self.batch_size, self.clock
+        slot: Optional[int]
         slot, rows = None, 0
         source = self._source()
         while plan.num_batches is None or self.index < plan.num_batches:
             sample = self._next_sample(source)
             if sample is _END:
                 break
+            sample = cast(Dict[str, Any], sample)
             if slot is None:
                 slot, arrays = self._take_slot()
             try:
@@ -342,12 +352,14 @@ class _WorkerStream:
             self.samples += 1
             rows += 1
             if rows == size:
-                slot, rows = self._publish(slot, arrays, size), 0
+                self._publish(slot, arrays, size)
+                slot, rows = None, 0
                 yield
         if hasattr(source, "close"):
             source.close()
         if plan.num_batches is None:
             if rows:
+                assert slot is not None  # taken for the first of the rows
                 self._publish(slot, arrays, rows)
                 yield
             elif slot is not None:  # taken for a sample that was then skipped
@@ -357,11 +369,12 @@ class _WorkerStream:
                 if slot is None:
                     slot, arrays = self._take_slot()
                 self._pad(arrays, rows)
-                slot, rows = self._publish(slot, arrays, size), 0
+                self._publish(slot, arrays, size)
+                slot, rows = None, 0
                 yield
         return WorkerDone(self.worker, plan.epoch, self.index, self.samples, self.skipped, self.padded, plan.stream)
 
-    def _next_sample(self, source):
+    def _next_sample(self, source: Iterator[Dict[str, Any]]) -> object:
         """The stream's next item, counted in ``taken``; ``_END`` at its end, and when a stage
         raised: a generator that raised has ended, and the rest of this stream with it."""
         try:
@@ -378,7 +391,7 @@ class _WorkerStream:
             self.taken += 1
         return sample
 
-    def _check_sample(self, sample):
+    def _check_sample(self, sample: object) -> None:
         """A SampleError unless ``sample`` is a sample dict: a stage that yields None (or anything
         else) neither ends the stream nor passes unnoticed."""
         if not isinstance(sample, dict):
@@ -388,13 +401,13 @@ class _WorkerStream:
                               f"after the sample named here was read; a stage drops a sample by not yielding it",
                               self.where.url, self.where.member)
 
-    def _take_slot(self):
+    def _take_slot(self) -> Tuple[int, Dict[str, np.ndarray]]:
         start = perf_counter_ns()
         slot = self.inbox.slot()
         self.clock.slot_ns += perf_counter_ns() - start
         return slot, self.ring.views(slot)
 
-    def _publish(self, slot, arrays, count):
+    def _publish(self, slot: int, arrays: Dict[str, np.ndarray], count: int) -> None:
         """Announce the slot as batch ``self.index`` and count it; None (no slot in hand)."""
         if count == self.batch_size:  # what _pad repeats once no row of the next slot is filled
             self.last_good = {name: array[-1].copy() for name, array in arrays.items()}
@@ -402,7 +415,7 @@ class _WorkerStream:
                                    self.plan.stream, self.clock.batch_times(), self.read))
         self.index += 1
 
-    def _pad(self, arrays, rows):
+    def _pad(self, arrays: Dict[str, np.ndarray], rows: int) -> None:
         """Fill rows ``rows:`` with the last good sample: in this slot if it has one, else the
         copy kept from the last full batch (padded or not)."""
         if rows:
@@ -411,6 +424,7 @@ class _WorkerStream:
             self.padded += self.batch_size - rows
             return
         if self.last_good is None:
+            assert self.plan.num_batches is not None  # padding is for known counts only
             raise WdsmpError(f"worker {self.worker} read no usable sample in stream {self.plan.stream} of epoch "
                              f"{self.plan.epoch}, so it cannot fill its "
                              f"{self.plan.num_batches - self.plan.skip_batches} batches ({self.skipped} samples "
@@ -419,7 +433,8 @@ class _WorkerStream:
             arrays[name][rows:] = row
         self.padded += self.batch_size - rows
 
-    def _fill(self, arrays, row, sample, number, clock):
+    def _fill(self, arrays: Dict[str, np.ndarray], row: int, sample: Dict[str, Any], number: int,
+              clock: WorkerClock) -> ImageInfo:
         """Write one sample, the stream's ``number``-th item, into row ``row`` of a slot, its
         decoding timed on ``clock``; its ``ImageInfo``. Raises on anything missing or malformed."""
         self._check_sample(sample)
@@ -456,11 +471,12 @@ class _WorkerStream:
         return info
 
 
-def _fields(sample):
+def _fields(sample: Dict[str, Any]) -> str:
     return ", ".join(sorted(k for k in sample if not k.startswith("__"))) or "no fields"
 
 
-def _label(sample, source, url, key):
+def _label(sample: Dict[str, Any], source: Union[str, Callable[[Dict[str, Any]], Any]], url: Optional[str],
+           key: Optional[str]) -> Union[int, np.ndarray]:
     """The sample's label: an integer that int64 holds, from the label function or field (its text
     read strictly: ``values.integer_from_text``); SampleError otherwise, never a cast."""
     if callable(source):
@@ -480,7 +496,7 @@ def _label(sample, source, url, key):
     return label
 
 
-def _field_value(sample, ext, spec, url, key):
+def _field_value(sample: Dict[str, Any], ext: str, spec: FieldSpec, url: Optional[str], key: Optional[str]) -> Any:
     """The array of extension ``ext``: ``.npy`` bytes, or text numbers (``"1 2 3"``; words for a
     bytes dtype)."""
     if ext not in sample:
