@@ -47,7 +47,7 @@ _PARTS = textwrap.dedent("""
     import json, random, sys, time
     import numpy as np
     from wdsmp.fast.imagedecode import decode_with_options
-    from wdsmp.fast.layout import BatchLayout, FieldSpec
+    from wdsmp.fast.layout import ArraySpec, BatchLayout
     from wdsmp.fast.options import DecodeOptions
     from wdsmp.fast.ring import Ring
     from wdsmp.epochs.plan import plan_epoch
@@ -56,7 +56,7 @@ _PARTS = textwrap.dedent("""
 
     index, batch_size, workers, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     figures = {}
-    layout = BatchLayout(batch_size, (FieldSpec("images", (size, size, 3), "uint8"), FieldSpec("labels", (), "int64")))
+    layout = BatchLayout(batch_size, (ArraySpec("images", (size, size, 3), "uint8"), ArraySpec("labels", (), "int64")))
     start = time.perf_counter()
     ring = Ring.create(layout, 2 * workers)
     figures["ring: create (reserve %d slots)" % (2 * workers)] = time.perf_counter() - start

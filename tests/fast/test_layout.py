@@ -1,4 +1,4 @@
-"""BatchLayout: field offsets and alignment, validation, the ring header, zero-copy views."""
+"""BatchLayout: array offsets and alignment, validation, the ring header, zero-copy views."""
 
 import pickle
 import struct
@@ -6,24 +6,24 @@ import struct
 import numpy as np
 import pytest
 
-from wdsmp.fast.layout import FIELD_ALIGN, HEADER_SIZE, MAGIC, SLOT_ALIGN, VERSION, BatchLayout, FieldSpec
+from wdsmp.fast.layout import ARRAY_ALIGN, HEADER_SIZE, MAGIC, SLOT_ALIGN, VERSION, BatchLayout, ArraySpec
 
 
 def image_layout(batch_size=4, size=7):
     return BatchLayout(batch_size, [
-        FieldSpec("image", (size, size, 3), "uint8"),
-        FieldSpec("label", (), "int64"),
-        FieldSpec("key", (), "S12"),
-        FieldSpec("scale", (2,), "float32"),
+        ArraySpec("image", (size, size, 3), "uint8"),
+        ArraySpec("label", (), "int64"),
+        ArraySpec("key", (), "S12"),
+        ArraySpec("scale", (2,), "float32"),
     ])
 
 
 def test_offsets_are_aligned_ordered_and_disjoint():
     layout = image_layout()
     spans = []
-    for spec in layout.fields:
+    for spec in layout.arrays:
         offset = layout.offsets[spec.name]
-        assert offset % FIELD_ALIGN == 0
+        assert offset % ARRAY_ALIGN == 0
         spans.append((offset, offset + layout.batch_size * spec.sample_bytes))
     assert spans == sorted(spans)
     assert all(end <= start for (_, end), (start, _) in zip(spans, spans[1:]))
@@ -32,19 +32,19 @@ def test_offsets_are_aligned_ordered_and_disjoint():
 
 
 def test_slot_size_rounds_up_to_whole_pages():
-    exact = BatchLayout(1, [FieldSpec("x", (SLOT_ALIGN,), "u1")])
+    exact = BatchLayout(1, [ArraySpec("x", (SLOT_ALIGN,), "u1")])
     assert exact.slot_size == SLOT_ALIGN
-    over = BatchLayout(1, [FieldSpec("x", (SLOT_ALIGN + 1,), "u1")])
+    over = BatchLayout(1, [ArraySpec("x", (SLOT_ALIGN + 1,), "u1")])
     assert over.slot_size == 2 * SLOT_ALIGN
     assert over.ring_size(3) == HEADER_SIZE + 3 * over.slot_size
 
 
-def test_fieldspec_normalises_shape_and_dtype():
-    spec = FieldSpec("x", 5, np.float32)
+def test_arrayspec_normalises_shape_and_dtype():
+    spec = ArraySpec("x", 5, np.float32)
     assert spec.shape == (5,) and spec.dtype == np.dtype("float32").str
-    assert FieldSpec("x", [2, np.int64(3)], "i2").shape == (2, 3)
-    assert FieldSpec("x", (), "?").sample_bytes == 1
-    assert FieldSpec("k", (), "S32").sample_bytes == 32
+    assert ArraySpec("x", [2, np.int64(3)], "i2").shape == (2, 3)
+    assert ArraySpec("x", (), "?").sample_bytes == 1
+    assert ArraySpec("k", (), "S32").sample_bytes == 32
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -61,19 +61,19 @@ def test_fieldspec_normalises_shape_and_dtype():
     (dict(name="x", shape=(1,), dtype="S"), "has no size"),
     (dict(name="x", shape=(1,), dtype=">f4" if np.little_endian else "<f4"), "native byte order"),
 ])
-def test_fieldspec_rejects(kwargs, match):
+def test_arrayspec_rejects(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        FieldSpec(**kwargs)
+        ArraySpec(**kwargs)
 
 
 @pytest.mark.parametrize("batch_size, fields, error, match", [
-    (0, [FieldSpec("x", (1,), "u1")], ValueError, "batch_size must be a positive int"),
-    (-2, [FieldSpec("x", (1,), "u1")], ValueError, "batch_size must be a positive int"),
-    (True, [FieldSpec("x", (1,), "u1")], ValueError, "batch_size must be a positive int"),
-    (2.0, [FieldSpec("x", (1,), "u1")], ValueError, "batch_size must be a positive int"),
-    (2, [], ValueError, "at least one field"),
-    (2, [FieldSpec("x", (1,), "u1"), FieldSpec("x", (2,), "f4")], ValueError, r"duplicate field names.*'x'"),
-    (2, [("x", (1,), "u1")], TypeError, "FieldSpec instances"),
+    (0, [ArraySpec("x", (1,), "u1")], ValueError, "batch_size must be a positive int"),
+    (-2, [ArraySpec("x", (1,), "u1")], ValueError, "batch_size must be a positive int"),
+    (True, [ArraySpec("x", (1,), "u1")], ValueError, "batch_size must be a positive int"),
+    (2.0, [ArraySpec("x", (1,), "u1")], ValueError, "batch_size must be a positive int"),
+    (2, [], ValueError, "at least one array"),
+    (2, [ArraySpec("x", (1,), "u1"), ArraySpec("x", (2,), "f4")], ValueError, r"duplicate array names.*'x'"),
+    (2, [("x", (1,), "u1")], TypeError, "ArraySpec instances"),
 ])
 def test_batchlayout_rejects(batch_size, fields, error, match):
     with pytest.raises(error, match=match):
@@ -94,9 +94,9 @@ def test_layouts_pickle_and_digest_names_the_layout():
     variants = [
         image_layout(batch_size=5),
         image_layout(size=8),
-        BatchLayout(4, [FieldSpec("image", (7, 7, 3), "uint8"), FieldSpec("label", (), "int32")]),
-        BatchLayout(4, [FieldSpec("label", (), "int64"), FieldSpec("image", (7, 7, 3), "uint8")]),
-        BatchLayout(4, [FieldSpec("img", (7, 7, 3), "uint8"), FieldSpec("label", (), "int64")]),
+        BatchLayout(4, [ArraySpec("image", (7, 7, 3), "uint8"), ArraySpec("label", (), "int32")]),
+        BatchLayout(4, [ArraySpec("label", (), "int64"), ArraySpec("image", (7, 7, 3), "uint8")]),
+        BatchLayout(4, [ArraySpec("img", (7, 7, 3), "uint8"), ArraySpec("label", (), "int64")]),
     ]
     digests = {v.digest for v in variants} | {layout.digest}
     assert len(digests) == len(variants) + 1
@@ -159,7 +159,7 @@ def test_views_are_zero_copy_and_shaped():
     assert (layout.views(buffer, 1)["label"] == 0).all()  # slots do not overlap
     assert layout.read_header(buffer) == 3  # and slot 0 does not overlap the header
     for array in layout.views(buffer, 0).values():
-        assert array.ctypes.data % FIELD_ALIGN == (np.frombuffer(buffer, np.uint8).ctypes.data % FIELD_ALIGN)
+        assert array.ctypes.data % ARRAY_ALIGN == (np.frombuffer(buffer, np.uint8).ctypes.data % ARRAY_ALIGN)
 
 
 def test_views_of_a_read_only_buffer_are_read_only():

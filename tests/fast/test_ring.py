@@ -21,11 +21,11 @@ import numpy as np
 import pytest
 
 from wdsmp.fast import ring as ring_module
-from wdsmp.fast.layout import BatchLayout, FieldSpec
+from wdsmp.fast.layout import ArraySpec, BatchLayout
 from wdsmp.fast.ring import SHM_DIR, Ring, cleanup_stale
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LAYOUT = BatchLayout(4, [FieldSpec("image", (8, 8, 3), "uint8"), FieldSpec("label", (), "int64")])
+LAYOUT = BatchLayout(4, [ArraySpec("image", (8, 8, 3), "uint8"), ArraySpec("label", (), "int64")])
 TIMEOUT = 60
 
 
@@ -138,7 +138,7 @@ def test_attach_shares_memory_and_does_not_unlink(prefix):
 
 def test_attach_with_another_layout_fails_clearly(prefix):
     with Ring.create(LAYOUT, 2, prefix=prefix) as owner:
-        other = BatchLayout(4, [FieldSpec("image", (16, 16, 3), "uint8"), FieldSpec("label", (), "int64")])
+        other = BatchLayout(4, [ArraySpec("image", (16, 16, 3), "uint8"), ArraySpec("label", (), "int64")])
         with pytest.raises(ValueError, match=rf"cannot attach to ring '{owner.name}'.*different layout"):
             Ring.attach(owner.name, other)
 
@@ -174,7 +174,7 @@ def test_bad_arguments(prefix, call, error, match):
 
 
 def test_pickling_carries_name_and_layout_only(prefix):
-    big = BatchLayout(16, [FieldSpec("image", (256, 256, 3), "uint8")])
+    big = BatchLayout(16, [ArraySpec("image", (256, 256, 3), "uint8")])
     with Ring.create(big, 2, prefix=prefix) as owner:
         data = pickle.dumps(owner)
         assert len(data) < 1024 and owner.name.encode() in data
@@ -195,7 +195,7 @@ def test_arrays_outlive_close(prefix):
 
 
 def test_a_full_dev_shm_is_a_clear_error(prefix):
-    huge = BatchLayout(1 << 20, [FieldSpec("x", (1 << 20,), "u1")])  # 1 TiB a slot
+    huge = BatchLayout(1 << 20, [ArraySpec("x", (1 << 20,), "u1")])  # 1 TiB a slot
     with pytest.raises(OSError, match=r"needs 4,194,304\.0 MiB \(4 slots.*/dev/shm has only.*fewer workers") as info:
         Ring.create(huge, 4, prefix=prefix)
     assert info.value.errno == errno.ENOSPC

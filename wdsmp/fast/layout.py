@@ -1,9 +1,9 @@
-"""The byte layout of a ring of batches: fields, offsets, slot size and the ring header.
+"""The byte layout of a ring of batches: arrays, offsets, slot size and the ring header.
 
-A ``BatchLayout`` says where each field's batch array lives inside a slot.
-Every field starts on a 64-byte boundary (a cache line, and what SIMD stores
-and ``torch.from_numpy`` like), and a slot is a whole number of 4 KiB pages,
-so each slot can be pinned or registered with CUDA on its own.
+A ``BatchLayout`` says where each batch array (images, labels, keys, the declared
+fields) lives inside a slot. Every array starts on a 64-byte boundary (a cache
+line, and what SIMD stores and ``torch.from_numpy`` like), and a slot is a whole
+number of 4 KiB pages, so each slot can be pinned or registered with CUDA on its own.
 
 A ring is ``HEADER_SIZE`` bytes of header and then the slots. The header holds
 a magic, a format version, the layout's digest and a readable description of
@@ -26,16 +26,16 @@ import numpy as np
 from .._internal.validation import positive_int
 
 __all__ = [
-    "FIELD_ALIGN",
+    "ARRAY_ALIGN",
     "HEADER_SIZE",
     "MAGIC",
     "SLOT_ALIGN",
     "VERSION",
     "BatchLayout",
-    "FieldSpec",
+    "ArraySpec",
 ]
 
-FIELD_ALIGN = 64
+ARRAY_ALIGN = 64
 SLOT_ALIGN = 4096
 HEADER_SIZE = 4096
 MAGIC = b"WDSMPRNG"
@@ -57,20 +57,20 @@ def _dtype_str(dtype: Any, name: str) -> str:
     try:
         dt = np.dtype(dtype)
     except TypeError as exn:
-        raise ValueError(f"field {name!r}: {dtype!r} is not a numpy dtype") from exn
+        raise ValueError(f"array {name!r}: {dtype!r} is not a numpy dtype") from exn
     if dt.kind not in _KINDS or dt.fields is not None or dt.subdtype is not None:
-        raise ValueError(f"field {name!r}: dtype {dt} cannot live in shared memory; "
+        raise ValueError(f"array {name!r}: dtype {dt} cannot live in shared memory; "
                          f"use bool, ints, floats, complex or fixed-size bytes ('S<n>')")
     if dt.itemsize == 0:
-        raise ValueError(f"field {name!r}: dtype {dt} has no size; give one, as in 'S32'")
+        raise ValueError(f"array {name!r}: dtype {dt} has no size; give one, as in 'S32'")
     if not dt.isnative:
-        raise ValueError(f"field {name!r}: dtype {dt.str} is not in native byte order (torch needs it)")
+        raise ValueError(f"array {name!r}: dtype {dt.str} is not in native byte order (torch needs it)")
     return dt.str
 
 
 @dataclass(frozen=True)
-class FieldSpec:
-    """One field of a batch: its name, the shape of one sample's array, and its dtype.
+class ArraySpec:
+    """One array of a batch: its name, the shape of one sample's array, and its dtype.
 
     The batch array is ``(batch_size, *shape)``; ``shape=()`` is one scalar per
     sample (a label). ``dtype`` is stored as numpy's canonical string.
@@ -82,14 +82,14 @@ class FieldSpec:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
-            raise ValueError(f"a field name must be a non-empty string, not {self.name!r}")
+            raise ValueError(f"an array name must be a non-empty string, not {self.name!r}")
         shape = (self.shape,) if isinstance(self.shape, int) else self.shape
         try:
             dims = tuple(operator.index(d) for d in shape)
         except TypeError as exn:
-            raise ValueError(f"field {self.name!r}: shape {self.shape!r} is not a tuple of ints") from exn
+            raise ValueError(f"array {self.name!r}: shape {self.shape!r} is not a tuple of ints") from exn
         if any(isinstance(d, bool) for d in shape) or any(d < 1 for d in dims):
-            raise ValueError(f"field {self.name!r}: sizes in shape {self.shape!r} must be positive")
+            raise ValueError(f"array {self.name!r}: sizes in shape {self.shape!r} must be positive")
         object.__setattr__(self, "shape", dims)
         object.__setattr__(self, "dtype", _dtype_str(self.dtype, self.name))
 
@@ -101,48 +101,48 @@ class FieldSpec:
 
 @dataclass(frozen=True)
 class BatchLayout:
-    """Where each field's batch array lives in a slot, and how big a slot is.
+    """Where each batch array lives in a slot, and how big a slot is.
 
-    Derived attributes: ``offsets`` (field name -> byte offset in a slot, each
-    a multiple of ``FIELD_ALIGN``), ``slot_size`` (a multiple of
+    Derived attributes: ``offsets`` (array name -> byte offset in a slot, each
+    a multiple of ``ARRAY_ALIGN``), ``slot_size`` (a multiple of
     ``SLOT_ALIGN``) and ``digest`` (16 bytes naming the layout and the format
     version; equal layouts have equal digests in every process).
     """
 
     batch_size: int
-    fields: Tuple[FieldSpec, ...]
+    arrays: Tuple[ArraySpec, ...]
     offsets: dict = field(init=False, repr=False, compare=False)
     slot_size: int = field(init=False, repr=False, compare=False)
     digest: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         positive_int(self.batch_size, "batch_size")
-        fields = tuple(self.fields)
-        if not fields:
-            raise ValueError("a BatchLayout needs at least one field")
-        for spec in fields:
-            if not isinstance(spec, FieldSpec):
-                raise TypeError(f"fields must be FieldSpec instances, not {type(spec).__name__}: {spec!r}")
-        names = [spec.name for spec in fields]
+        arrays = tuple(self.arrays)
+        if not arrays:
+            raise ValueError("a BatchLayout needs at least one array")
+        for spec in arrays:
+            if not isinstance(spec, ArraySpec):
+                raise TypeError(f"arrays must be ArraySpec instances, not {type(spec).__name__}: {spec!r}")
+        names = [spec.name for spec in arrays]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
-            raise ValueError(f"duplicate field names in layout: {duplicates}")
+            raise ValueError(f"duplicate array names in layout: {duplicates}")
         offsets: Dict[str, int] = {}
         end = 0
-        for spec in fields:
-            offsets[spec.name] = _round_up(end, FIELD_ALIGN)
+        for spec in arrays:
+            offsets[spec.name] = _round_up(end, ARRAY_ALIGN)
             end = offsets[spec.name] + self.batch_size * spec.sample_bytes
-        object.__setattr__(self, "fields", fields)
+        object.__setattr__(self, "arrays", arrays)
         object.__setattr__(self, "offsets", offsets)
         object.__setattr__(self, "slot_size", _round_up(end, SLOT_ALIGN))
         object.__setattr__(self, "digest", hashlib.blake2b(self.describe().encode(), digest_size=16).digest())
 
     def describe(self) -> str:
-        """A JSON text naming everything the bytes depend on: version, batch size, fields, offsets."""
+        """A JSON text naming everything the bytes depend on: version, batch size, arrays, offsets."""
         return json.dumps({
             "version": VERSION,
             "batch_size": self.batch_size,
-            "fields": [[s.name, list(s.shape), s.dtype, self.offsets[s.name]] for s in self.fields],
+            "arrays": [[s.name, list(s.shape), s.dtype, self.offsets[s.name]] for s in self.arrays],
             "slot_size": self.slot_size,
         }, separators=(",", ":"))
 
@@ -199,7 +199,7 @@ class BatchLayout:
             raise ValueError(f"slot {slot!r} is not in range(0, {max(nslots, 0)}) for this buffer")
         base = self.slot_offset(int(slot))
         arrays: Dict[str, np.ndarray] = {}
-        for spec in self.fields:
+        for spec in self.arrays:
             count = self.batch_size * math.prod(spec.shape)
             array = np.frombuffer(buffer, dtype=spec.dtype, count=count, offset=base + self.offsets[spec.name])
             arrays[spec.name] = array.reshape((self.batch_size, *spec.shape))

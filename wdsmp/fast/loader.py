@@ -78,7 +78,7 @@ from . import pool as _pool
 from .batches import Batch, SlotTensors
 from .bottleneck import shard_source
 from .delivery import Delivery, EpochIterator
-from .layout import BatchLayout, FieldSpec
+from .layout import ArraySpec, BatchLayout
 from .options import IMAGE_KEYS, LoaderOptions
 from .resources import LoaderResources
 from .ring import DEFAULT_PREFIX, Ring, cleanup_stale
@@ -477,11 +477,11 @@ def _layout(options: LoaderOptions) -> Tuple[BatchLayout, Tuple[Tuple[str, Any],
     """The slot layout for ``options`` (a ``LoaderOptions``), and the ``(name, source)`` pairs
     of the declared fields; ValueError for a bad declaration."""
     height, width = options.image_size
-    specs = [FieldSpec(IMAGES, (height, width, 3), "uint8")]
+    specs = [ArraySpec(IMAGES, (height, width, 3), "uint8")]
     if options.label is not None:
-        specs.append(FieldSpec(LABELS, (), "int64"))
+        specs.append(ArraySpec(LABELS, (), "int64"))
     if options.keys:
-        specs.append(FieldSpec(KEYS, (), f"S{options.key_length}"))
+        specs.append(ArraySpec(KEYS, (), f"S{options.key_length}"))
     extra = []
     for name, declaration in (options.fields or {}).items():
         if name in (IMAGES, LABELS, KEYS):
@@ -493,6 +493,6 @@ def _layout(options: LoaderOptions) -> Tuple[BatchLayout, Tuple[Tuple[str, Any],
                              f"not {declaration!r}") from None
         if not (callable(source) or (isinstance(source, str) and source)):
             raise ValueError(f"field {name!r}: source must be an extension or a function, not {source!r}")
-        specs.append(FieldSpec(name, shape, dtype))
+        specs.append(ArraySpec(name, shape, dtype))
         extra.append((name, source))
     return BatchLayout(options.batch_size, tuple(specs)), tuple(extra)

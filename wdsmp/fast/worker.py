@@ -49,7 +49,7 @@ from ..epochs.spans import SpanReader
 from ..epochs.stream import stream_samples, stream_start
 from ..utils import make_seed
 from .imagedecode import ImageInfo, decode_with_options
-from .layout import BatchLayout, FieldSpec
+from .layout import ArraySpec, BatchLayout
 from .messages import BatchReady, EpochTask, Reading, Stop, WorkerDone, WorkerFailed, WorkerWarning
 from .options import DecodeOptions
 from .ring import Ring
@@ -263,7 +263,7 @@ class _WorkerStream:
         self.ring, self.inbox, self.outbox, self.where = ring, inbox, outbox, where
         self.clock = clock  # the worker's: where its time went since its last batch (NOTE [stage times])
         self.batch_size = config.layout.batch_size
-        self.specs = {spec.name: spec for spec in config.layout.fields}
+        self.specs = {spec.name: spec for spec in config.layout.arrays}
         self.samples = self.skipped = self.padded = self.taken = self.read = 0
         self.index = plan.skip_batches  # the number of the stream's next batch
         # a copy of the last row of the last full batch: {field: array}
@@ -496,7 +496,7 @@ def _label(sample: Dict[str, Any], source: Union[str, Callable[[Dict[str, Any]],
     return label
 
 
-def _field_value(sample: Dict[str, Any], ext: str, spec: FieldSpec, url: Optional[str], key: Optional[str]) -> Any:
+def _field_value(sample: Dict[str, Any], ext: str, spec: ArraySpec, url: Optional[str], key: Optional[str]) -> Any:
     """The array of extension ``ext``: ``.npy`` bytes, or text numbers (``"1 2 3"``; words for a
     bytes dtype)."""
     if ext not in sample:
