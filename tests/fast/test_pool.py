@@ -2,9 +2,11 @@
 interpreters with the parent's sys.path and sys.argv that import the user's script only when told
 to; pipes both ways; exits seen; stop() ends them for sure."""
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch  # noqa: F401  (what a training script has, and a spawned worker must not)
@@ -91,6 +93,43 @@ def test_the_script_to_import_is_a_module_under_python_m_and_none_under_python_c
     for args, expected in ((["-c", code], "None"), (["-m", "job"], "('name', 'job')")):
         result = subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120, cwd=tmp_path)
         assert result.stdout.strip() == expected, result.stderr[-3000:]
+
+
+_ISOLATION_SCRIPT = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {root!r})
+    from wdsmp.fast.pool import WorkerPool
+    from tests.fast.workerfns import report_environment
+
+    workers = WorkerPool(report_environment, [("a",)], "spawn")
+    report = workers.receive([0], 60)[0][1]
+    workers.stop(5.0)
+    mine = [sys.flags.isolated, sys.flags.ignore_environment, sys.flags.no_user_site, sys.flags.optimize]
+    print(report["flags"] == mine, report["sys.path"] == sys.path)
+""")
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("flags, planted", [([], "cwd"), (["-E"], "PYTHONPATH"), (["-I"], "cwd"),
+                                            (["-I"], "PYTHONPATH"), (["-s", "-OO"], "cwd")])
+def test_spawned_workers_keep_the_parents_isolation(tmp_path, flags, planted):
+    """A ``multiprocessing.py`` in the working directory or on ``PYTHONPATH`` (which ``-E`` and
+    ``-I`` tell the interpreter to ignore) never runs in a worker, as it never runs in
+    multiprocessing's own spawned workers; the workers run with the parent's flags."""
+    root = str(Path(__file__).resolve().parents[2])
+    work, elsewhere, marker = tmp_path / "work", tmp_path / "path", tmp_path / "planted-code-ran"
+    for directory in (work, elsewhere):
+        directory.mkdir()
+    (work if planted == "cwd" else elsewhere).joinpath("multiprocessing.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nraise SystemExit(3)\n")
+    script = tmp_path / "train.py"
+    script.write_text(_ISOLATION_SCRIPT.format(root=root))
+    env = dict(os.environ, PYTHONPATH=str(elsewhere)) if planted == "PYTHONPATH" else dict(os.environ)
+    result = subprocess.run([sys.executable, *flags, str(script)], capture_output=True, text=True, timeout=120,
+                            cwd=work, env=env)
+    assert not marker.exists(), "a planted multiprocessing.py ran in a worker"
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True", "True"]
 
 
 def test_an_unknown_start_method_is_refused():

@@ -113,7 +113,9 @@ def report_environment(inbox, outbox, tag):
 
     main = sys.modules.get("__mp_main__")
     outbox.send({"tag": tag, "sys.path": sys.path, "sys.argv": sys.argv, "torch": "torch" in sys.modules,
-                 "script": getattr(main, "SCRIPT_FLAG", None)})
+                 "script": getattr(main, "SCRIPT_FLAG", None),
+                 "flags": [sys.flags.isolated, sys.flags.ignore_environment, sys.flags.no_user_site,
+                           sys.flags.optimize]})
     while True:
         try:
             outbox.send(inbox.recv())

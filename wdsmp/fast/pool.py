@@ -17,7 +17,9 @@ NOTE [worker processes]
     the guard, as with DataLoader under spawn. Nothing of this touches
     ``multiprocessing``'s settings in the user's process (no fork server,
     no preloads, no semaphores). The worker gets the parent's ``sys.path``
-    and ``sys.argv``, its environment and working directory.
+    and ``sys.argv``, its environment and working directory, and its isolation
+    flags (``interpreter_flags``: a script run with ``-I`` or ``-E`` starts no
+    worker that reads ``PYTHONPATH`` or the working directory).
 
     ``start_method="fork"`` forks the workers from the user's process
     through multiprocessing: no interpreter to start, and the script's
@@ -57,17 +59,22 @@ from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple, Uni
 
 from .._internal.liveness import exit_with_parent
 
-__all__ = ["BOOTSTRAP", "EOF", "START_METHODS", "StartFailed", "WorkerPool", "describe_exit", "main_module",
-           "refers_to_main", "run_spawned", "starting_a_worker"]
+__all__ = ["BOOTSTRAP", "EOF", "START_METHODS", "StartFailed", "WorkerPool", "describe_exit", "interpreter_flags",
+           "main_module", "refers_to_main", "run_spawned", "starting_a_worker"]
 
 START_METHODS = ("spawn", "forkserver", "fork")
 
-# What a spawned worker runs (``python -c``): SIGINT is the loader's to handle (NOTE [shutdown
+# What a spawned worker runs (``python -c``, with the parent's isolation flags: ``interpreter_flags``):
+# the working directory that ``-c`` puts first on sys.path goes before anything is imported (a
+# planted ``multiprocessing.py`` must not run), SIGINT is the loader's to handle (NOTE [shutdown
 # order] in loader.py), sys.path must be the parent's before wdsmp itself is imported, the
 # pickled call is read at once (the loader's send of it need not wait for the imports), and
 # numpy loads with one BLAS thread (``numpy_one_thread``).
 BOOTSTRAP = """\
-import signal, sys
+import sys
+if sys.path and sys.path[0] == "":
+    del sys.path[0]
+import signal
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 from multiprocessing.connection import Connection
 inbox, outbox, sentinel = (int(fd) for fd in sys.argv[1:4])
@@ -82,6 +89,24 @@ run_spawned(inbox, outbox, sentinel, main, call, worker)
 EOF = object()  # what ``WorkerPool.receive`` returns for a worker whose pipe has closed (it exited)
 
 _importing_main = False  # set in a spawned worker while it imports the user's script
+
+
+# sys.flags that keep code from the environment, the user's site or the working directory out
+# of an interpreter, or change what it compiles, and the option that sets each.
+_FLAG_OPTIONS = (("isolated", "-I"), ("ignore_environment", "-E"), ("no_user_site", "-s"), ("no_site", "-S"),
+                 ("safe_path", "-P"), ("dont_write_bytecode", "-B"), ("bytes_warning", "-b"))
+
+
+def interpreter_flags() -> List[str]:
+    """The command-line options that give a spawned worker this interpreter's isolation and
+    compilation settings (``-I``, ``-E``, ``-s``, ``-S``, ``-P``, ``-B``, ``-O``, ``-b``, ``-W``):
+    a script run with ``python -I`` must not start workers that read ``PYTHONPATH`` or the
+    user's site-packages, as multiprocessing's own spawn does not."""
+    flags = sys.flags
+    options = [option for name, option in _FLAG_OPTIONS for _ in range(int(getattr(flags, name, 0)))]
+    options += ["-O"] * flags.optimize
+    options += [f"-W{option}" for option in sys.warnoptions]
+    return options
 
 
 def starting_a_worker() -> bool:
@@ -262,8 +287,8 @@ class WorkerPool:
                 self.inboxes.append(Connection(to_worker, readable=False))
                 self.outboxes.append(Connection(from_worker, writable=False))
                 try:
-                    popen = subprocess.Popen([sys.executable, "-c", BOOTSTRAP, str(inbox), str(outbox), str(watch)],
-                                             pass_fds=(inbox, outbox, watch))
+                    popen = subprocess.Popen([sys.executable, *interpreter_flags(), "-c", BOOTSTRAP, str(inbox),
+                                              str(outbox), str(watch)], pass_fds=(inbox, outbox, watch))
                 finally:
                     os.close(inbox)
                     os.close(outbox)
