@@ -24,11 +24,13 @@ def _integer(value: object) -> Optional[int]:
         return None
 
 
-def count(value: object, what: str, low: int = 0) -> int:
-    """``value`` as a plain int >= ``low``; else ValueError naming ``what``."""
+def count(value: object, what: str, low: int = 0, high: Optional[int] = None) -> int:
+    """``value`` as a plain int >= ``low`` (and <= ``high``, when given: what a loop or an
+    allocation sized by it can afford); else ValueError naming ``what``."""
     number = _integer(value)
-    if number is None or number < low:
-        raise ValueError(f"{what} must be an int >= {low}, not {value!r}")
+    if number is None or number < low or (high is not None and number > high):
+        within = f">= {low}" if high is None else f"from {low} to {high}"
+        raise ValueError(f"{what} must be an int {within}, not {value!r}")
     return number
 
 

@@ -58,9 +58,9 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from torch.utils.data import DataLoader, get_worker_info
 
 from ..stages.base import Curried
-from .._internal.validation import is_int
+from .._internal.validation import count as count_of, is_int
 from .._internal.versions import check_version, versioned
-from .plan import ORDERS, POLICIES, EpochPlan, StreamPlan, plan_epoch
+from .plan import MAX_STREAMS, ORDERS, POLICIES, EpochPlan, StreamPlan, plan_epoch
 from ..filters import detshuffle, shuffle
 from ..handlers import reraise_exception
 from ..pipeline import CountedSource
@@ -240,9 +240,9 @@ class ExactSamples(CountedSource):
                 raise ValueError(f"state was saved with {name}={state.get(name)!r}, this source has "
                                  f"{mine[name]!r}: resuming exactly needs the same shards and settings")
         epoch, done, streams = state["epoch"], state["batches_done"], state["streams"]
-        if not is_int(streams, 1):
-            raise ValueError(f"state has streams={streams!r}, not an int >= 1")
-        total = self.plan(streams, int(epoch)).batches_per_rank
+        streams = count_of(streams, "state's streams", 1, MAX_STREAMS)
+        epoch = count_of(epoch, "state's epoch")
+        total = self.plan(streams, epoch).batches_per_rank
         if not is_int(done, 0) or done > total:
             raise ValueError(f"state has batches_done={done!r}, not within the epoch's {total} batches")
         self.epoch = int(epoch)

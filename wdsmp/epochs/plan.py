@@ -102,6 +102,8 @@ __all__ = [
     "POLICIES",
     "EpochPlan",
     "EpochPlanner",
+    "MAX_RANKS",
+    "MAX_STREAMS",
     "PlanPosition",
     "SampleSequence",
     "ShardRange",
@@ -109,6 +111,7 @@ __all__ = [
     "plan_epoch",
     "round_robin_share",
     "shard_order",
+    "streams_in",
     "streams_of_workers",
 ]
 
@@ -165,6 +168,7 @@ class PlanPosition:
         count_of(self.epoch, "epoch")
         count_of(self.batches_done, "batches_done")
         if self.worker_batches is not None:
+            streams_in(self.worker_batches, "worker_batches")
             counts = tuple(count_of(n, "worker_batches entries") for n in self.worker_batches)
             if sum(counts) != self.batches_done:
                 raise ValueError(f"worker_batches {counts} do not add up to batches_done={self.batches_done}")
@@ -180,9 +184,24 @@ class PlanPosition:
             except (TypeError, ValueError):
                 raise ValueError(f"origin must be (world_size, batches_done, num_streams), "
                                  f"not {self.origin!r}") from None
-            object.__setattr__(self, "origin", (count_of(world, "origin's world_size", 1),
+            object.__setattr__(self, "origin", (count_of(world, "origin's world_size", 1, MAX_RANKS),
                                                 count_of(done, "origin's batches_done"),
-                                                count_of(streams, "origin's num_streams", 1)))
+                                                count_of(streams, "origin's num_streams", 1, MAX_STREAMS)))
+
+
+# The most streams and ranks a plan (or a saved state) may name: far above any real job's,
+# and low enough that planning that many, which loops over them, stays quick.
+MAX_STREAMS = 1 << 16
+MAX_RANKS = 1 << 20
+
+
+def streams_in(entries: object, what: str) -> int:
+    """How many streams a state's per-stream list ``entries`` names: a list or tuple of at most
+    ``MAX_STREAMS``, checked before anything loops over it; ValueError naming ``what``."""
+    if not isinstance(entries, (list, tuple)) or not 1 <= len(entries) <= MAX_STREAMS:
+        shown = f"{len(entries)} entries" if isinstance(entries, (list, tuple)) else repr(entries)[:80]
+        raise ValueError(f"{what} must be a list of 1 to {MAX_STREAMS} entries, one per stream, not {shown}")
+    return len(entries)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -625,9 +644,9 @@ def _plan_epoch(shards: Iterable[Union[str, Tuple[str, Optional[int]]]], positio
     table = shard_table(shards)
     position = position if isinstance(position, PlanPosition) else PlanPosition(position)
     bsize = count_of(batch_size, "batch_size", 1)
-    world = count_of(world_size, "world_size", 1)
+    world = count_of(world_size, "world_size", 1, MAX_RANKS)
     rank = count_of(rank, "rank")
-    nstreams = count_of(num_streams, "num_streams", 1)
+    nstreams = count_of(num_streams, "num_streams", 1, MAX_STREAMS)
     if rank >= world:
         raise ValueError(f"rank {rank} is not below world_size {world}")
     if policy not in POLICIES:

@@ -69,10 +69,11 @@ from dataclasses import replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Type, Union
 
-from ..epochs.plan import EpochPlan, EpochPlanner, PlanPosition, round_robin_share, streams_of_workers
+from ..epochs.plan import (MAX_RANKS, EpochPlan, EpochPlanner, PlanPosition, round_robin_share, streams_in,
+                           streams_of_workers)
 from ..epochs.spans import SampleFiles, locate_samples
 from ..epochs.counts import known_counts
-from .._internal.validation import is_int
+from .._internal.validation import count as count_of, is_int
 from .._internal.versions import check_version, versioned
 from . import pool as _pool
 from .batches import Batch, SlotTensors
@@ -330,6 +331,7 @@ class FastLoader:
         missing = [name for name in _STATE_FIELDS if name not in state]
         if missing:
             raise ValueError(f"state lacks {', '.join(missing)}: it is not a whole state_dict()")
+        _check_state_sizes(state)
         options = self.options
         elastic = state.get("world_size") != options.world_size
         mine = {"batch_size": options.batch_size, "seed": options.seed, "rank": options.rank,
@@ -462,6 +464,22 @@ STATE_FORMAT = "wdsmp.FastLoader"
 STATE_VERSION = 1
 _STATE_FIELDS = ("epoch", "batches_done", "worker_batches", "worker_consumed", "worker_read", "origin", "batch_size",
                  "seed", "rank", "world_size", "exact", "order", "policy", "shuffle", "shards")
+
+
+def _check_state_sizes(state: Dict[str, Any]) -> None:
+    """Refuse a state whose sizes no loader could have saved, before anything is sized by them:
+    per-stream lists of more than ``MAX_STREAMS`` entries, or of other lengths than
+    ``worker_batches``, and more than ``MAX_RANKS`` ranks (``origin`` is checked by
+    ``PlanPosition``). ValueError naming the field."""
+    streams = streams_in(state["worker_batches"], "state's worker_batches")
+    for name in ("worker_consumed", "worker_read"):
+        entries = state[name]
+        if entries is not None and streams_in(entries, f"state's {name}") != streams:
+            raise ValueError(f"state's {name} has {len(entries)} entries, worker_batches {streams}")
+    for n in state["worker_read"] or ():
+        if n is not None:
+            count_of(n, "state's worker_read entries")
+    count_of(state["world_size"], "state's world_size", 1, MAX_RANKS)
 
 
 def _nothing_dropped(position: PlanPosition, read: List[Optional[int]], batch_size: int) -> bool:
