@@ -238,3 +238,38 @@ def test_tar_members_of_every_format_count(tmp_path, impl):
         names = [f"{'d' * 120}/{'k' * 110}{i}.{ext}" for i in range(3) for ext in ("jpg", "cls")]
         path.write_bytes(tar_bytes([(name, b"v") for name in names], format=fmt))
         assert count_local_shard(str(path)) == 3 == len(list(tarfile_samples([str(path)])))
+
+
+def test_gzip_shards_count_from_their_headers_in_bounded_memory(tmp_path, impl):
+    """Two .tar.gz shards of a few hundred KB, each a 320 MiB member of zeros and two labels:
+    counted at once from their headers, the data decompressed and dropped as it goes by, in a
+    process whose memory could not hold one member."""
+    from .bombs import gzip_of_zeros, run_limited
+
+    size = 20 << 24
+    info = tarfile.TarInfo("a.bin")
+    info.size = size
+    packed = gzip_of_zeros(info.tobuf(format=tarfile.GNU_FORMAT), size,
+                           tar_bytes([("a.cls", b"1"), ("b.cls", b"2")]), crc=True)
+    paths = [str(tmp_path / f"big-{i}.tar.gz") for i in range(2)]
+    for path in paths:
+        with open(path, "wb") as stream:
+            stream.write(packed)
+    status, out = run_limited(f"""
+        from wdsmp.epochs.counts import count_local_shards
+        print(sorted(count_local_shards({paths!r}, {str(tmp_path / "counts")!r}).values()))
+        """, headroom=256 << 20, timeout=60)
+    assert status == 0, out
+    assert out.strip() == "[2, 2]", out
+
+
+def test_a_cut_gzip_shard_counts_what_the_reader_yields(tmp_path, impl):
+    data = open(_shard(tmp_path / "a.tar", 40), "rb").read()
+    packed = gzip.compress(data, mtime=0)
+    for cut in (len(packed) // 3, len(packed) // 2, len(packed) - 9):
+        path = tmp_path / f"cut-{cut}.tar.gz"
+        path.write_bytes(packed[:cut])
+        read = list(tarfile_samples([str(path)], handler=wds.ignore_and_continue))
+        assert count_local_shard(str(path), handler=wds.ignore_and_continue) == len(read), cut
+        with pytest.raises(TarFormatError, match="corrupt gzip stream"):
+            count_local_shard(str(path))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import wdsmp
 from wdsmp.native import tarsplit_py as _tarsplit_py
 from wdsmp.errors import TarFormatError
-from wdsmp.native.core import tar_headers_class
+from wdsmp.native.core import tar_headers_class, tar_stream_headers_class
 from wdsmp.formats.tar import BLOCK
 
 from .conftest import tar_bytes
@@ -43,11 +43,13 @@ def _outcome(members):
 
 
 def _agree(data):
-    """Every TarHeaders says what the pure-Python splitter reading the data says."""
+    """Every TarHeaders and TarStreamHeaders says what the pure-Python splitter reading the data says."""
     splitter = _outcome(_tarsplit_py.TarSplitter(io.BytesIO(data), "s.tar"))
     for module in IMPLEMENTATIONS:
         with _file(data) as file:
             assert _outcome(module.TarHeaders(file, "s.tar")) == splitter, module.__name__
+        stream = module.TarStreamHeaders(io.BufferedReader(io.BytesIO(data), 700), "s.tar", bufsize=2048)
+        assert _outcome(stream) == splitter, module.__name__
     return splitter
 
 
@@ -63,10 +65,29 @@ def test_names_and_offsets_of_every_format(fmt):
         assert outcome == ("ok", [(m.name, m.offset) for m in tar if m.isreg()])
     with _file(data) as file:
         assert all(data is None for _, data, _ in tar_headers_class()(file, "s.tar"))  # never read
+    assert all(got is None for _, got, _ in tar_stream_headers_class()(io.BytesIO(data), "s.tar"))
 
 
 def test_agree_with_the_splitter_on_every_truncation():
     data = tar_bytes(MEMBERS)
+    for cut in range(0, len(data) + 1, 7):
+        _agree(data[:cut])
+
+
+def test_metadata_members_are_skipped_alike_on_every_truncation():
+    """GNU volume labels, dump directories and pax global headers: their data skipped by every
+    walk as the splitter skips it, and a cut inside it reported alike."""
+    def metadata(tar):
+        for name, kind, size in (("label", b"V", 700), ("global", b"g", 1100), ("dump", b"D", 300)):
+            info = tarfile.TarInfo(name)
+            info.type, info.size = kind, size
+            tar.addfile(info, io.BytesIO(b"m" * size))
+        info = tarfile.TarInfo("after.txt")
+        info.size = 5
+        tar.addfile(info, io.BytesIO(b"after"))
+
+    data = tar_bytes(MEMBERS[:2], extra=metadata)
+    assert _agree(data)[1][-1][0] == "after.txt"
     for cut in range(0, len(data) + 1, 7):
         _agree(data[:cut])
 
@@ -121,3 +142,31 @@ def test_a_member_cut_short_is_named(impl, tmp_path):
         with pytest.raises(wdsmp.TarFormatError, match="truncated tar archive: member ended after") as info:
             next(headers)
     assert (info.value.url, info.value.member) == ("cut.tar", "b.jpg")
+
+
+@pytest.mark.parametrize("typeflag", [b"V", b"D", b"g"])
+def test_metadata_claiming_gigabytes_is_jumped_over_in_bounded_memory(impl, typeflag, tmp_path):
+    """A sparse shard whose GNU volume label (or dump directory, or pax global header) claims
+    3 GiB, more than the member cap: the header walk jumps over it as over member data, with
+    no cap (metadata is skipped, never held), in a process whose memory could not hold it."""
+    from .bombs import run_limited
+
+    size = 3 << 30
+    info = tarfile.TarInfo("label")
+    info.type, info.size = typeflag, size
+    head = info.tobuf(format=tarfile.GNU_FORMAT)
+    path = tmp_path / "sparse.tar"
+    with open(path, "wb") as stream:
+        stream.write(head)
+        stream.seek(len(head) + size)
+        stream.write(tar_bytes([("k.cls", b"7")]))
+    status, out = run_limited(f"""
+        from wdsmp.epochs.counts import walk_local_shard
+        from wdsmp.native.core import tar_headers_class
+        with open({str(path)!r}, "rb", buffering=0) as file:
+            print([(name, offset) for name, _, offset in tar_headers_class()(file, "sparse.tar")])
+        print(walk_local_shard({str(path)!r}).spans.tolist())
+        """, headroom=128 << 20, timeout=60)
+    assert status == 0, out
+    end = len(head) + size + 2 * BLOCK
+    assert out.split("\n")[:2] == [repr([("k.cls", len(head) + size)]), repr([[len(head) + size, end]])], out

@@ -505,3 +505,26 @@ def test_a_member_larger_than_the_untrusted_chunk_comes_whole(impl):
     members = list(tar_splitter_class()(io.BufferedReader(stream), "big.tar"))
     assert [(name, len(data)) for name, data, _ in members] == [("big.bin", len(big)), ("after.txt", 5)]
     assert members[0][1] == big and members[1][1] == b"after"
+
+
+@pytest.mark.parametrize("typeflag", [b"V", b"D", b"g"])
+def test_metadata_claiming_more_than_memory_holds_is_skipped_in_bounded_memory(impl, typeflag, tmp_path):
+    """A .tar.gz of a few hundred KB whose GNU volume label (or dump directory, or pax global
+    header) holds 192 MiB of zeros, more than the member cap: metadata, skipped by both
+    splitters as the data goes by, in a process whose memory could not hold it."""
+    from .bombs import gzip_of_zeros, run_limited
+
+    size = 12 << 24
+    path = tmp_path / "label.tar.gz"
+    path.write_bytes(gzip_of_zeros(header(b"label", size, typeflag=typeflag), size,
+                                   member(b"ok.txt", b"ok") + END, crc=True))
+    assert path.stat().st_size < 1 << 20
+    status, out = run_limited(f"""
+        import os
+        os.environ["WDSMP_MAX_MEMBER_SIZE"] = str(64 << 20)
+        from wdsmp.tariterators import tar_file_iterator
+        with open({str(path)!r}, "rb") as stream:
+            print([(m["fname"], m["data"], m["__offset__"]) for m in tar_file_iterator(stream, url="label.tar.gz")])
+        """, headroom=128 << 20, timeout=60)
+    assert status == 0, out
+    assert out.strip() == repr([("ok.txt", b"ok", BLOCK + size)]), out

@@ -43,11 +43,13 @@ removed. The writers above it write no end-of-archive marker and no gzip
 trailer, so whatever a command passed on reads as truncated, an error.
 """
 
+import errno
 import io
 import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -85,6 +87,7 @@ __all__ = [
     "has_opener",
     "info",
     "local_path",
+    "local_shard_stat",
     "reader",
     "register_scheme",
     "rewrite_url",
@@ -378,6 +381,54 @@ def local_path(url: _URL) -> Optional[str]:
     if parts.netloc not in ("", "localhost"):
         return None
     return unquote(parts.path)
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"))
+
+
+def local_shard_stat(path: str, url: Optional[str] = None) -> os.stat_result:
+    """The ``os.stat_result`` of the local shard file ``path`` (named ``url`` in errors), or a
+    ShardError saying what the path is instead of a regular file: ``ShardNotFoundError`` "no
+    such file", "symlink loop", "is a directory", "not a regular file" (a FIFO, a device, a
+    socket; through a symbolic link, its target is named).
+
+    The rule every reader of local shards applies before it opens one (the loaders' counts,
+    their span walks and their workers, ``wdsmp bench``), so each kind of path is named the
+    same way everywhere and nothing that is not a regular file is ever opened as a shard:
+    opening a FIFO for reading waits for a writer, forever; ``/dev/zero`` gives endless zeros
+    and ``/dev/null`` none. It only looks (``os.stat``, ``os.lstat``), never opens."""
+    url = path if url is None else url
+    where = "" if path == url else f"{path!r}: "
+    try:
+        info = os.stat(path)
+    except OSError as exn:
+        if exn.errno == errno.ELOOP:
+            raise ShardError(f"{where}symlink loop: its symbolic links lead back to themselves, never to a file "
+                             f"({exn.strerror})", url=url) from exn
+        if exn.errno in (errno.ENOENT, errno.ENOTDIR):
+            target = _link_target(path)
+            dangling = "" if target is None else f" (a symbolic link to {target!r}, which does not exist)"
+            raise ShardNotFoundError(("no such file" if not where else f"no such file {path!r}") + dangling,
+                                     url=url) from exn
+        raise ShardError(f"{where}cannot read the shard file: {exn.strerror or exn}", url=url) from exn
+    target = _link_target(path)
+    link = "" if target is None else f" (by a symbolic link to {target!r})"
+    if stat.S_ISDIR(info.st_mode):
+        raise ShardError(f"{where}is a directory{link}, not a shard file", url=url)
+    if not stat.S_ISREG(info.st_mode):
+        kind = next((f" but {name}" for test, name in _KINDS if test(info.st_mode)), "")
+        raise ShardError(f"{where}not a regular file{kind}{link}: a shard is read from a regular file, "
+                         f"never from a FIFO or a device", url=url)
+    return info
+
+
+def _link_target(path: str) -> Optional[str]:
+    """What the symbolic link ``path`` points to, or None where it is none (or is gone)."""
+    try:
+        return os.readlink(path)
+    except OSError:
+        return None
 
 
 def gopen_file(url: _URL, mode: str = "rb", bufsize: int = 8192, **kw: Any) -> IO[bytes]:

@@ -12,6 +12,7 @@ and a key that reappears after its sample ended (interleaved members) are
 """
 
 import gzip
+import importlib
 import io
 import random
 import re
@@ -19,13 +20,17 @@ import sys
 import zlib
 from typing import IO, Any, Callable, Collection, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
-from .gopen import gopen, local_path
+from .gopen import local_path
 from .formats import tar as _tf
 from .errors import SampleError, TarFormatError
 from .stages.base import handle_each, pipelinefilter
 from .handlers import reraise_exception
-from .native.core import tar_splitter_class
+from .native.core import tar_splitter_class, tar_stream_headers_class
 from .shards.urls import expand_urls
+
+# The gopen module, as webdataset's ``tariterators.gopen`` is, its ``gopen`` looked up at each
+# call (``from . import gopen`` would give the package's attribute of that name: the function).
+gopen = importlib.import_module(".gopen", __package__)
 
 __all__ = [
     "SHARD_END",
@@ -36,6 +41,7 @@ __all__ = [
     "url_opener",
     "tar_file_iterator",
     "tar_file_expander",
+    "tar_member_names",
     "group_by_keys",
     "sample_count",
     "sample_spans",
@@ -116,9 +122,10 @@ def shardlist(urls: Union[str, Iterable[str]], *, shuffle: bool = False) -> Iter
 
 
 def url_opener(data: Iterable[Union[str, Mapping[str, Any]]], handler: Callable[[Exception], Any] = reraise_exception,
-               opener: Callable[..., Any] = gopen, local_paths: bool = False,
+               opener: Optional[Callable[..., Any]] = None, local_paths: bool = False,
                **kw: Any) -> Iterator[Dict[str, Any]]:
-    """For each ``{"url": ...}`` (or URL string), add a ``stream`` opened by ``opener(url, **kw)``.
+    """For each ``{"url": ...}`` (or URL string), add a ``stream`` opened by ``opener(url, **kw)``
+    (default: ``wdsmp.gopen.gopen``, looked up for each URL).
 
     ``local_paths=True`` also adds ``local_path`` for a local file, which
     ``tar_file_expander`` passes on to its members as ``__local_path__``:
@@ -130,7 +137,7 @@ def url_opener(data: Iterable[Union[str, Mapping[str, Any]]], handler: Callable[
         if isinstance(sample, str):
             sample = {"url": sample}
         url = sample["url"]
-        sample = dict(sample, stream=opener(url, **kw))
+        sample = dict(sample, stream=(opener or gopen.gopen)(url, **kw))
         path = local_path(url) if local_paths else None
         if path is not None:
             sample.setdefault("local_path", path)
@@ -185,11 +192,11 @@ def _decompressed(stream: Any) -> Any:
     return stream
 
 
-def _members(stream: Any, url: Optional[str],
-             max_member_size: Optional[int] = None) -> Iterator[Tuple[str, Optional[bytes], int, Optional[str]]]:
+def _members(stream: Any, url: Optional[str], max_member_size: Optional[int] = None,
+             headers_only: bool = False) -> Iterator[Tuple[str, Optional[bytes], int, Optional[str]]]:
     """``(name, data, offset, link)`` of each member with data, then the stream read to its end;
     ``link`` is the member a link member was resolved to, else None (NOTE [tar links] in
-    ``wdsmp.formats.tar``).
+    ``wdsmp.formats.tar``). ``headers_only``: ``data`` is None, the data dropped as it is read.
 
     Reading past the end-of-archive marker to end of file is what checks a
     ``pipe:`` command's exit status and a gzip stream's CRC; stream errors
@@ -199,7 +206,8 @@ def _members(stream: Any, url: Optional[str],
     offset: Optional[int]  # a member's; in the except clause, the cut member's (None: not known)
     try:
         tar = _decompressed(stream)
-        splitter = tar_splitter_class()(tar, url, max_member_size=max_member_size)
+        splitter = (tar_stream_headers_class() if headers_only else tar_splitter_class())(
+            tar, url, max_member_size=max_member_size)
         links = splitter.links
         for name, data, offset in splitter:
             yield name, data, offset, links[-1][1] if links and links[-1][2] == offset else None
@@ -242,6 +250,17 @@ def tar_file_iterator(fileobj: IO[bytes], skip_meta: Optional[str] = _META_FILES
         handler(exn)
 
 
+def tar_member_names(fileobj: IO[bytes], url: Optional[str] = None,
+                     max_member_size: Optional[int] = None) -> Iterator[str]:
+    """The name of each member ``tar_file_iterator(fileobj, skip_meta=None)`` yields, in order,
+    with its errors (raised: a damaged stream cannot be resumed), from the headers of a tar
+    stream, gzip-compressed or not. The data is read, to reach the next header and the gzip
+    CRC, but dropped as it goes by, never held: what counts a ``.tar.gz`` shard's samples
+    (``epochs.counts``) costs no member's memory, whatever size a member has."""
+    for name, _, _, _ in _members(fileobj, url, max_member_size, headers_only=True):
+        yield name
+
+
 def tar_file_expander(data: Iterable[Mapping[str, Any]], handler: Callable[[Exception], Any] = reraise_exception,
                       select_files: Optional[Callable[[str], Any]] = None,
                       rename_files: Optional[Callable[[str], str]] = None, eof_value: Any = None,
@@ -254,16 +273,23 @@ def tar_file_expander(data: Iterable[Mapping[str, Any]], handler: Callable[[Exce
     passes to have none). With ``boundaries=True`` (as ``tarfile_samples``
     uses it) each shard is followed by ``SHARD_END``, or by a ``ShardFailed``
     marker when it broke midway. ``max_member_size``: see :func:`tar_file_iterator`.
+    ``tar_file_iterator`` is this module's attribute at each shard; a replacement is called
+    with webdataset's arguments (the stream, ``handler``, ``select_files``, ``rename_files``).
     """
 
     def members(source: Mapping[str, Any]) -> Iterator[Any]:
         url = source["url"]
         stream = source["stream"]
         path = source.get("local_path")
+        iterate = tar_file_iterator
         try:
-            for member in tar_file_iterator(stream, handler=reraise_exception,
-                                            select_files=select_files, rename_files=rename_files,
-                                            url=url, max_member_size=max_member_size):
+            if iterate is _OWN_ITERATOR:
+                files = iterate(stream, handler=reraise_exception, select_files=select_files,
+                                rename_files=rename_files, url=url, max_member_size=max_member_size)
+            else:
+                files = iterate(stream, handler=reraise_exception, select_files=select_files,
+                                rename_files=rename_files)
+            for member in files:
                 member["__url__"] = url
                 if path is not None:
                     member["__local_path__"] = path
@@ -417,14 +443,34 @@ def tarfile_samples(src: Iterable[Union[str, Mapping[str, Any]]],
                     handler: Callable[[Exception], Any] = reraise_exception,
                     select_files: Optional[Callable[[str], bool]] = None,
                     rename_files: Optional[Callable[[str], str]] = None, max_member_size: Optional[int] = None, *,
-                    opener: Callable[..., Any] = gopen) -> Iterator[Dict[str, Any]]:
+                    opener: Optional[Callable[..., Any]] = None) -> Iterator[Dict[str, Any]]:
     """Shard URLs (``{"url": ...}`` dicts or strings) to samples; ``opener(url)`` opens each
-    (gopen, or the shard cache's ``FileCache.open``); ``max_member_size``: see
-    :func:`tar_file_iterator`."""
-    streams = url_opener(src, handler=handler, opener=opener)
-    members = tar_file_expander(streams, handler=handler, select_files=select_files,
-                                rename_files=rename_files, boundaries=True, max_member_size=max_member_size)
-    return group_by_keys(members, handler=handler)
+    (default: ``gopen.gopen``; or the shard cache's ``FileCache.open``); ``max_member_size``: see
+    :func:`tar_file_iterator`.
+
+    ``url_opener``, ``tar_file_expander`` and ``group_by_keys`` are this module's attributes at
+    the call, as in webdataset. A replacement is called with webdataset's arguments and its
+    end-of-shard convention: ``tar_file_expander`` with ``handler``, ``select_files`` and
+    ``rename_files``; for a replaced ``group_by_keys``, wdsmp's expander ends each shard with
+    ``{}`` (webdataset's ``eof_value``) instead of its boundary markers.
+    """
+    streams = (url_opener(src, handler=handler) if opener is None
+               else url_opener(src, handler=handler, opener=opener))
+    expand, group = tar_file_expander, group_by_keys
+    if expand is not _OWN_EXPANDER:
+        members = expand(streams, handler=handler, select_files=select_files, rename_files=rename_files)
+    elif group is not _OWN_GROUPER:
+        members = expand(streams, handler=handler, select_files=select_files, rename_files=rename_files,
+                         eof_value={}, max_member_size=max_member_size)
+    else:
+        members = expand(streams, handler=handler, select_files=select_files, rename_files=rename_files,
+                         boundaries=True, max_member_size=max_member_size)
+    return group(members, handler=handler)
+
+
+# This module's own stages: one replaced by assignment to the module attribute is told apart
+# from them and called as webdataset calls it (it knows nothing of wdsmp's boundary markers).
+_OWN_ITERATOR, _OWN_EXPANDER, _OWN_GROUPER = tar_file_iterator, tar_file_expander, group_by_keys
 
 
 tarfile_to_samples = pipelinefilter(tarfile_samples)

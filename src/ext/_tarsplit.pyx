@@ -1,6 +1,7 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True, initializedcheck=False
 """Native tar splitter: the regular-file members of a tar stream as ``(name, data, offset)``;
-``TarHeaders``: the same from a tar file's headers alone, the data jumped over by offset.
+``TarHeaders``: the same from a tar file's headers alone, the data jumped over by offset;
+``TarStreamHeaders``: the same from a stream's headers, the data read and dropped.
 
 The pure-Python twin is ``wdsmp/native/tarsplit_py.py``; both share the cold paths
 (errors, pax headers) in ``wdsmp/formats/tar.py``. Reads go into one reused buffer
@@ -475,6 +476,21 @@ cdef class TarHeaders(TarSplitter):
         self.offset = self.position
         self.start = self.end = 0
         return 0
+
+    cdef object _member(self, long long size, object name, long long hoff):
+        cdef long long padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        self._skip(padded, name, hoff, 0, padded)
+        return None
+
+
+cdef class TarStreamHeaders(TarSplitter):
+    """The regular-file members of an uncompressed tar stream, from their headers: yields
+    ``(name, None, offset)`` as ``TarSplitter`` yields ``(name, data, offset)``, with the same
+    names and the same errors. A stream has no offsets to jump to (a gzip-compressed shard), so
+    member data is read, but only into the reused buffer, and dropped: what counts a shard holds
+    no member, whatever its size. A member over ``max_member_size`` is refused as ``TarSplitter``
+    refuses it, so that a count agrees with what the reader yields.
+    """
 
     cdef object _member(self, long long size, object name, long long hoff):
         cdef long long padded = (size + BLOCK - 1) // BLOCK * BLOCK

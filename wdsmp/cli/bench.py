@@ -9,8 +9,10 @@ import argparse
 import os
 import shlex
 import sys
-from typing import Callable, TypeVar
+from typing import Callable, Iterable, TypeVar
 
+from ..errors import ShardError
+from ..gopen import local_path, local_shard_stat
 from .output import positive_int
 from .common import add_common, check_output, die, expand_inputs, print_json
 
@@ -132,6 +134,7 @@ def _run_scaling(args: argparse.Namespace) -> int:
             die(f"cannot read the shard index {source}: {exn}")
     else:
         source = urls = expand_inputs(args.shards)
+    _check_local_shards(urls)
     if args.image is None:
         try:
             args.image, found_label = shardbench.find_fields(urls)
@@ -163,3 +166,16 @@ def _run_scaling(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(drawn, file=sys.stderr)
     return 0 if measured else 1
+
+
+def _check_local_shards(urls: Iterable[str]) -> None:
+    """A usage error for the first local shard that is not a regular file, named for what it is
+    (``gopen.local_shard_stat``), before anything reads the shards: finding the image field reads
+    the first one, and a FIFO would block that read for good."""
+    for url in urls:
+        path = local_path(url)
+        if path is not None:
+            try:
+                local_shard_stat(path, url)
+            except ShardError as exn:
+                die(str(exn))

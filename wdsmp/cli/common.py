@@ -12,7 +12,8 @@ import sys
 import time
 from typing import TYPE_CHECKING, Dict, Iterable, List, NoReturn, Optional, TextIO, Tuple
 
-from ..gopen import gopen_schemes, has_opener, local_path
+from ..errors import ShardError, ShardNotFoundError
+from ..gopen import gopen_schemes, has_opener, local_path, local_shard_stat
 from ..shards.index import read_entries
 from ..shardlists import expand_urls
 
@@ -91,9 +92,22 @@ def expand_inputs(specs: Iterable[str], missing_ok: bool = False, indexes: bool 
                     f"one with wdsmp.gopen.register_scheme)")
             path = local_path(url)
             if path is not None and not missing_ok and not os.path.exists(path):
-                die(f"no such file: {path}")
+                die(_absent(path, url))
         urls.extend(found)
     return urls
+
+
+def _absent(path: str, url: str) -> str:
+    """What to say of the local input ``path`` that ``os.path.exists`` does not find: "no such
+    file", unless the rule for shard files (``gopen.local_shard_stat``) names something else
+    there, a symlink loop or a directory that cannot be searched, which is no missing file."""
+    try:
+        local_shard_stat(path, url)
+    except ShardNotFoundError:
+        pass
+    except ShardError as exn:
+        return str(exn)
+    return f"no such file: {path}"
 
 
 def distinct_shards(urls: Iterable[str]) -> Tuple[List[str], List[List[str]]]:

@@ -8,14 +8,18 @@ FastLoader and ``ExactSamples`` call ``known_counts`` on their ``urls``:
   sample, whatever the shard's size), several shards at once, and the member
   names grouped by the reader's own rules (``tariterators.sample_count``). A
   gzip-compressed shard has no headers to jump between: it is decompressed
-  whole, which costs what reading it costs. Counts are kept in a small cache
-  file per directory of shards (``CountCache``), so a restart does not walk
-  them again;
+  whole, which costs the time reading it costs but not the memory, as the data
+  is dropped as it goes by (``tariterators.tar_member_names``). Counts are
+  kept in a small cache file per directory of shards (``CountCache``), so a
+  restart does not walk them again;
 - a remote shard (``http(s)://``, ``s3://``, ...) takes its count from the
   shard index beside it (``shardindex.INDEX_NAME`` in its directory), when
   there is one.
 
-A local shard that does not exist is an error at once, naming the file. Where
+A local shard that does not exist, or is not a regular file (a directory, a
+symlink loop, a FIFO, a device), is an error at once, naming the file and what
+it is (``gopen.local_shard_stat``, the rule every reader of local shards
+applies). Where
 counts stay unknown and the caller needs them (``required_by``), the error
 gives the ``wdsmp index`` command that writes the index.
 """
@@ -40,12 +44,12 @@ from .._internal.versions import versioned
 from .._internal import env
 from .._internal.atomic import atomic_write
 from ..errors import ShardError
-from ..gopen import local_path
+from ..gopen import local_path, local_shard_stat
 from ..handlers import reraise_exception
 from ..native.core import tar_headers_class
 from ..shards.index import INDEX_NAME, index_beside, read_index, shard_counts
 from ..formats.tar import BLOCK, GZIP_MAGIC
-from ..tariterators import SHARD_END, ShardFailed, sample_spans, tar_file_iterator
+from ..tariterators import SHARD_END, ShardFailed, sample_spans, tar_member_names
 
 __all__ = ["CountCache", "ShardWalk", "count_local_shard", "count_local_shards", "file_identity", "known_counts",
            "walk_local_shards"]
@@ -77,11 +81,12 @@ def walk_local_shard(path: str, url: Optional[str] = None,
     url = path if url is None else url
     members: List[Tuple[str, int, int]]
     members, why, boundary = [], None, SHARD_END
+    local_shard_stat(path, url)
     with open(path, "rb", buffering=0) as file:
         try:
-            if os.pread(file.fileno(), 2, 0) == GZIP_MAGIC:  # decompressed whole: no offsets to jump to
+            if os.pread(file.fileno(), 2, 0) == GZIP_MAGIC:  # no offsets to jump to: the data read and dropped
                 why = "it is gzip-compressed"
-                members.extend((member["fname"], 0, 0) for member in tar_file_iterator(file, url=url))
+                members.extend((name, 0, 0) for name in tar_member_names(file, url))
             else:
                 if hasattr(os, "posix_fadvise"):  # no readahead: a header read fetches its page, not the data
                     os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
@@ -262,12 +267,10 @@ def walk_local_shards(paths: Sequence[str], cache_dir: Optional[str] = None,
     stats: Dict[str, os.stat_result]
     given, stats = {}, {}  # by real path: a name for errors, and what the cache is keyed on
     for path in paths:
+        info = local_shard_stat(path)
         real = os.path.realpath(path)
         given.setdefault(real, path)
-        try:
-            stats[real] = os.stat(real)
-        except OSError as exn:
-            raise ShardError(f"cannot read the shard file: {exn.strerror or exn}", url=path) from exn
+        stats[real] = info
     cache = CountCache(cache_dir if cache_dir is not None else env.user_cache_dir())
     walks = cache.lookup(stats, spans)
     todo = [real for real in stats if real not in walks]
@@ -317,16 +320,17 @@ def known_counts(urls: _Urls, index: Optional[str] = None, *, cache_dir: Optiona
     """``((url, count or None), ...)`` for a loader's ``urls`` (a shard spec, URLs or ``(url,
     count)`` pairs, or a shard index) and ``index`` (see ``shardindex.shard_counts``), with the
     counts the data can give (module docstring). ShardError for a local shard that does not
-    exist. ``required_by`` (what needs every count, e.g. "FastLoader on 2 ranks"): ValueError,
-    with the command that writes an index (and ``otherwise``, another way out), when some
-    count stays unknown."""
+    exist or is not a regular file (``gopen.local_shard_stat``). ``required_by`` (what needs
+    every count, e.g. "FastLoader on 2 ranks"): ValueError, with the command that writes an
+    index (and ``otherwise``, another way out), when some count stays unknown."""
     table = list(shard_counts(urls, index))
     local = cast(Dict[str, str], {url: local_path(url) for url, _ in table if local_path(url) is not None})
-    absent = [url for url, path in local.items() if not os.path.isfile(path)]
-    if absent:
-        path = local[absent[0]]
-        more = f" (and {len(absent) - 1} more of the shards)" if len(absent) > 1 else ""
-        raise ShardError(("no such file" if path == absent[0] else f"no such file {path!r}") + more, url=absent[0])
+    unreadable = [exn for exn in map(_unreadable, local.items()) if exn is not None]
+    if len(unreadable) > 1:
+        first = unreadable[0]
+        raise type(first)(f"{first.problem} (and {len(unreadable) - 1} more of the shards)", first.url) from first
+    if unreadable:
+        raise unreadable[0]
     unknown = [url for url, count in table if count is None and url in local]
     counted = cast(Dict[Optional[str], int],  # keyed by local path: a URL that is not local gets the default
                    count_local_shards([local[url] for url in unknown], cache_dir, handler) if unknown else {})
@@ -337,6 +341,16 @@ def known_counts(urls: _Urls, index: Optional[str] = None, *, cache_dir: Optiona
     if unknown and required_by is not None:
         raise ValueError(_needs_index(required_by, otherwise, urls, unknown, missing))
     return tuple(table)
+
+
+def _unreadable(local: Tuple[str, str]) -> Optional[ShardError]:
+    """Why the local shard ``(url, path)`` cannot be read as a shard file, or None."""
+    url, path = local
+    try:
+        local_shard_stat(path, url)
+    except ShardError as exn:
+        return exn
+    return None
 
 
 def _needs_index(who: str, otherwise: Optional[str], urls: _Urls, unknown: Sequence[str],

@@ -17,7 +17,7 @@ from .._internal import env
 from ..cache import FileCache
 from .._internal.redact import redacted
 from .._internal.timing import ReadClock
-from ..gopen import gopen, local_path
+from ..gopen import gopen, local_path, local_shard_stat
 from ..handlers import reraise_exception
 from ..tariterators import tarfile_samples
 from .plan import ShardRange
@@ -47,6 +47,10 @@ def read_ranges(ranges: Iterable[ShardRange], handler: Callable[[Exception], Any
     has samples after a range that ends at its count, gets a warning naming
     it and both counts (NOTE [stale counts]). Samples past the count are read, counted and dropped; samples
     missing are missing: the caller pads.
+
+    A local shard is checked before it is opened (``gopen.local_shard_stat``): one that has
+    become a directory, a symlink loop, a FIFO or a device since the loader was made is an
+    error naming what it is, through ``handler``, never a read that blocks or never ends.
     """
     for shard in ranges:
         damaged: List[Exception] = []
@@ -69,7 +73,7 @@ def read_ranges(ranges: Iterable[ShardRange], handler: Callable[[Exception], Any
         if clock is not None:
             opener = clock.timed_opener(opener)
         samples = cast(Generator[Dict[str, Any], None, None],  # a generator: closing it closes the shard
-                       tarfile_samples([shard.url], handler=noted, opener=opener))
+                       tarfile_samples([shard.url], handler=noted, opener=_checked(opener)))
         try:
             if counts is None or shard.stop is None or counts[shard.shard] is None:
                 yield from islice(samples, shard.start, shard.stop)
@@ -77,6 +81,18 @@ def read_ranges(ranges: Iterable[ShardRange], handler: Callable[[Exception], Any
                 yield from _counted(samples, shard, cast(int, counts[shard.shard]), damaged)
         finally:
             samples.close()
+
+
+def _checked(opener: Callable[..., Any]) -> Callable[..., Any]:
+    """``opener``, applying the rule for local shard files (``gopen.local_shard_stat``) first."""
+
+    def opened(url: str, **kw: Any) -> Any:
+        path = local_path(url)
+        if path is not None:
+            local_shard_stat(path, url)
+        return opener(url, **kw)
+
+    return opened
 
 
 def _counted(samples: Iterable[Dict[str, Any]], shard: ShardRange, count: int,

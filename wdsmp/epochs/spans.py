@@ -24,7 +24,7 @@ from .._internal.redact import redacted
 from .._internal.timing import ReadClock
 from ..cache import FileCache
 from ..errors import SampleError, ShardError, TarFormatError
-from ..gopen import local_path
+from ..gopen import local_path, local_shard_stat
 from ..handlers import reraise_exception
 from .counts import file_identity, walk_local_shards
 from ..formats.tar import BLOCK
@@ -99,6 +99,7 @@ class SpanReader:
         if fd is None:
             if len(self._files) >= _OPEN_FILES:
                 os.close(self._files.popitem(last=False)[1])
+            local_shard_stat(self.paths[shard])  # never a FIFO (its open would block) or a device
             fd = os.open(self.paths[shard], os.O_RDONLY)
             if self.files and file_identity(os.fstat(fd)) != tuple(self.files[shard]):
                 os.close(fd)

@@ -26,6 +26,7 @@ __all__ = [
     "pil_image_module",
     "tar_headers_class",
     "tar_splitter_class",
+    "tar_stream_headers_class",
 ]
 
 # The compiled modules of the native core; each has a pure-Python twin.
@@ -79,6 +80,17 @@ def tar_headers_class() -> Type[tarsplit_py.TarHeaders]:
         if compiled is not None:
             return compiled.TarHeaders
     return tarsplit_py.TarHeaders
+
+
+def tar_stream_headers_class() -> Type[tarsplit_py.TarStreamHeaders]:
+    """The ``TarStreamHeaders`` class in use now (a tar stream's members from their headers, the
+    data read and dropped: for a gzip-compressed shard, which has no offsets to jump to): native,
+    or the twin."""
+    if not env.pure_python():
+        compiled = _compiled("_tarsplit")
+        if compiled is not None:
+            return compiled.TarStreamHeaders
+    return tarsplit_py.TarStreamHeaders
 
 
 def imgops_module() -> ModuleType:

@@ -1,5 +1,6 @@
-"""Pure-Python twin of the native tar splitter (``src/ext/_tarsplit.pyx``): ``TarSplitter``, and
-``TarHeaders``, which walks a tar file's headers alone.
+"""Pure-Python twin of the native tar splitter (``src/ext/_tarsplit.pyx``): ``TarSplitter``,
+``TarHeaders``, which walks a tar file's headers alone, and ``TarStreamHeaders``, which walks a
+stream's headers and drops the data between them.
 
 Same classes, same results, same errors; selected with ``WDSMP_PUREPYTHON=1`` or
 when the extension is not built. Cold paths are shared through ``wdsmp.formats.tar``.
@@ -13,10 +14,16 @@ from ..formats import tar as _tf
 from ..formats.tar import BLOCK, checksum_ok, header_number
 
 _Member = Tuple[str, Optional[bytes], int]  # (name, data, offset) as yielded; (name, data, size) as held
+_SKIP_CHUNK = 1 << 20  # data skipped is read this much at a time (the native splitter's buffer)
 
 
 def _cstr(field: bytes) -> bytes:
     return field.split(b"\0", 1)[0]
+
+
+def _padded(size: int) -> int:
+    """``size`` bytes of data and the padding to the next block."""
+    return (size + BLOCK - 1) // BLOCK * BLOCK
 
 
 class TarSplitter:
@@ -79,7 +86,7 @@ class TarSplitter:
             self._held -= recent.popleft()[2]
 
     def _take(self, size: int, name: Optional[str], hoff: int) -> bytes:
-        padded = (size + BLOCK - 1) // BLOCK * BLOCK
+        padded = _padded(size)
         data = self._read(size)
         if len(data) < size:
             raise _tf.truncated_member(self.url, name, hoff, len(data), padded)
@@ -88,8 +95,19 @@ class TarSplitter:
             raise _tf.truncated_member(self.url, name, hoff, size + len(pad), padded)
         return data
 
+    def _skip(self, padded: int, name: Optional[str], hoff: int) -> None:
+        """Drop the next ``padded`` bytes (data no one holds: metadata, or a member walked for its
+        header alone) a chunk at a time, so that what the data claims is never held, as
+        ``src/ext/_tarsplit.pyx`` drops it through its buffer."""
+        got = 0
+        while got < padded:
+            chunk = self._read(min(padded - got, _SKIP_CHUNK))
+            if not chunk:
+                raise _tf.truncated_member(self.url, name, hoff, got, padded)
+            got += len(chunk)
+
     def _member(self, size: int, name: str, hoff: int) -> Optional[bytes]:
-        """A regular member's data (``TarHeaders`` skips it instead)."""
+        """A regular member's data (``TarHeaders`` and ``TarStreamHeaders`` skip it instead)."""
         return self._take(size, name, hoff)
 
     def __next__(self) -> _Member:
@@ -176,13 +194,13 @@ class TarSplitter:
             elif typeflag == _tf.DIRECTORY:
                 longname = longlink = pax = None
                 moff = -1
-            elif typeflag in _tf.SKIPPED_TYPES:  # metadata: skip its data
+            elif typeflag in _tf.SKIPPED_TYPES:  # metadata: skip its data, held by no cap
                 if typeflag != _tf.PAX_GLOBAL:
                     longname = longlink = pax = None
                     moff = -1
-                    self._take(size, name, hoff)
+                    self._skip(_padded(size), name, hoff)
                 else:
-                    self._take(size, None, hoff)
+                    self._skip(_padded(size), None, hoff)
             else:
                 raise _tf.unsupported_type(self.url, name, hoff, typeflag)
         raise StopIteration
@@ -213,9 +231,25 @@ class TarHeaders(TarSplitter):
             n -= len(chunk)
         return b"".join(parts)
 
-    def _member(self, size: int, name: str, hoff: int) -> Optional[bytes]:
-        padded = (size + BLOCK - 1) // BLOCK * BLOCK
+    def _skip(self, padded: int, name: Optional[str], hoff: int) -> None:
+        """Jump over ``padded`` bytes by offset, if the file has them."""
         if self.position + padded > self.size:
             raise _tf.truncated_member(self.url, name, hoff, max(self.size - self.position, 0), padded)
         self.position += padded
+
+    def _member(self, size: int, name: str, hoff: int) -> Optional[bytes]:
+        self._skip(_padded(size), name, hoff)
+        return None
+
+
+class TarStreamHeaders(TarSplitter):
+    """The regular-file members of an uncompressed tar stream, from their headers: yields
+    ``(name, None, offset)`` as ``TarSplitter`` yields ``(name, data, offset)``, with the same
+    names and errors. A stream has no offsets to jump to (a gzip-compressed shard), so member
+    data is read, a chunk at a time, and dropped: what counts a shard holds no member, whatever
+    its size. A member over ``max_member_size`` is refused as ``TarSplitter`` refuses it, so
+    that a count agrees with what the reader yields."""
+
+    def _member(self, size: int, name: str, hoff: int) -> Optional[bytes]:
+        self._skip(_padded(size), name, hoff)
         return None
