@@ -40,6 +40,7 @@ rename, eviction) is in :mod:`wdsmp.storage.cacheentry`, with NOTE [cache entry]
 """
 
 import hashlib
+import importlib
 import os
 import re
 import time
@@ -63,10 +64,13 @@ from .storage.cacheentry import (
 )
 from .errors import ShardError, WdsmpError
 from .stages.base import pipelinefilter
-from .gopen import gopen, local_path
+from .gopen import local_path
 from .handlers import _Handler, reraise_exception
 from .tariterators import group_by_keys, tar_file_expander, tar_file_iterator, url_opener
 from .formats.tar import BLOCK, GZIP_MAGIC, checksum_ok
+
+# The gopen module, as webdataset's ``cache.gopen`` is: its ``gopen`` is looked up at each call.
+gopen = importlib.import_module(".gopen", __package__)
 
 __all__ = [
     "FileCache",
@@ -282,7 +286,7 @@ def download(url: str, dest: str, chunk_size: int = 1 << 20, verbose: bool = Fal
         say(f"[downloading {url} to {dest}]")
     try:
         with atomic_write(dest, temp_beside(dest)) as temp, open(temp, "wb") as f, \
-                gopen(url) as stream:  # no source started for nothing
+                gopen.gopen(url) as stream:  # no source started for nothing
             while True:
                 data = stream.read(chunk_size)
                 if not data:
@@ -378,27 +382,27 @@ class FileCache:
         while read (NOTE [cache entry], in wdsmp.storage.cacheentry), or the source alone when
         caching is off or fails."""
         if self.cache_dir is None or (islocal(url) and not (self.always and url != "-")):
-            return gopen(url)
+            return gopen.gopen(url)
         path = self.entry_path(url)
         lock = EntryLock(path)
         if lock.held_here():
             self._say(f"[{url} is being cached by this process: reading this copy uncached]")
-            return gopen(url)
+            return gopen.gopen(url)
         try:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             cached = claim(url, path, lock, unfit=self._unfit, timeout=self.lock_timeout,
                            verbose=self.verbose)
         except OSError as exn:
             warn(f"shard cache {self.cache_dir} unusable ({exn}); reading {url} without caching")
-            return gopen(url)
+            return gopen.gopen(url)
         if cached is not None:
             return cached
         if lock.held:
             return fetch(url, path, lock, cache_dir=self.cache_dir, cache_size=self.cache_size,
-                         validate=_tar_problem, verbose=self.verbose)
+                         validate=_tar_problem, verbose=self.verbose, opener=gopen.gopen)
         warn(f"waited {self.lock_timeout:g}s for another process caching {url} at {path}; "
              f"reading it without caching")
-        return gopen(url)
+        return gopen.gopen(url)
 
     def _unfit(self, path: str) -> Optional[str]:
         """Why the cache file at ``path`` may not be read (its size changed since it was cached,
@@ -454,10 +458,20 @@ def cached_url_opener(data: _URLItems, handler: _Handler = reraise_exception, ca
                       validator: Optional[Callable[[str], Any]] = check_tar_format, verbose: bool = False,
                       always: bool = False, *, cache_name: Optional[Callable[[str], str]] = None,
                       lock_timeout: float = _DEFAULT_LOCK_TIMEOUT) -> Iterator[Dict[str, Any]]:
-    """``url_opener`` through the shard cache; the arguments are :class:`FileCache`'s."""
-    cache = FileCache(cache_dir, url_to_name=url_to_name, cache_name=cache_name, verbose=verbose,
-                      validator=validator, handler=handler, cache_size=cache_size,
-                      lock_timeout=lock_timeout, always=always)
+    """``url_opener`` through the shard cache; the arguments are :class:`FileCache`'s.
+
+    The cache is this module's ``FileCache`` at the call, given wdsmp's own keywords
+    (``cache_name``, ``lock_timeout``, ``always``) only where they are not their defaults, so
+    that a class taking webdataset's ``FileCache`` arguments can replace it."""
+    extra: Dict[str, Any] = {}
+    if cache_name is not None:
+        extra["cache_name"] = cache_name
+    if lock_timeout != _DEFAULT_LOCK_TIMEOUT:
+        extra["lock_timeout"] = lock_timeout
+    if always:
+        extra["always"] = always
+    cache = FileCache(cache_dir, url_to_name=url_to_name, verbose=verbose, validator=validator,
+                      handler=handler, cache_size=cache_size, **extra)
     yield from cache(data)
 
 

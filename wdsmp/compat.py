@@ -22,7 +22,8 @@ from .epochs.exact import ExactSamples
 from .handlers import _Handler, reraise_exception
 from .pipeline import DataPipeline
 from .tariterators import group_by_keys, tar_file_expander, url_opener
-from .utils import PipelineStage, pytorch_worker_info
+from . import utils
+from .utils import PipelineStage
 
 __all__ = ["FluidInterface", "FluidWrapper", "Processor", "WebDataset", "WebLoader", "check_empty"]
 
@@ -152,7 +153,7 @@ def check_empty(source: Iterable[_T]) -> Iterator[_T]:
         count += 1
         yield sample
     if count == 0:
-        rank, world_size, worker, num_workers = pytorch_worker_info()
+        rank, world_size, worker, num_workers = utils.pytorch_worker_info()
         raise ValueError(f"no samples in worker {worker} of {num_workers} (node {rank} of "
                          f"{world_size}): with fewer shards than nodes x workers some get none; "
                          f"use more shards, fewer workers, resampled=True, or empty_check=False")

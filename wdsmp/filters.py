@@ -53,7 +53,8 @@ from .stages.fields import (
 from ._internal.sharedint import SharedInt
 from .handlers import reraise_exception
 from .formats.samplecodec import SampleCodec
-from .utils import PipelineStage, identity, make_seed, pytorch_worker_info
+from . import utils
+from .utils import PipelineStage, identity, make_seed
 
 __all__ = [
     "Cached",
@@ -223,7 +224,7 @@ def _shuffle(data: Iterable[_T], bufsize: int = 1000, initial: int = 100, rng: O
     if seed is not None:
         if rng is not None:
             raise ValueError("shuffle takes rng or seed, not both")
-        rank, _, worker, _ = pytorch_worker_info()
+        rank, _, worker, _ = utils.pytorch_worker_info()
         rng = random.Random(make_seed(seed, rank, worker))
     elif rng is None:
         rng = random.Random()

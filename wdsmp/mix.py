@@ -23,7 +23,8 @@ from typing import Any, Iterable, Iterator, List, Optional
 
 from torch.utils.data import IterableDataset
 
-from .utils import make_seed, pytorch_worker_info
+from . import utils
+from .utils import make_seed
 
 __all__ = [
     "RandomMix",
@@ -164,7 +165,7 @@ class RandomMix(IterableDataset):
     def _rng(self) -> Optional[random.Random]:
         if self.seed is None:
             return None
-        rank, _, worker, _ = pytorch_worker_info()
+        rank, _, worker, _ = utils.pytorch_worker_info()
         return random.Random(make_seed(self.seed, self.epoch, rank, worker))
 
     def __iter__(self) -> Iterator[Any]:

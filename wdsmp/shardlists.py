@@ -4,7 +4,10 @@ A source (``SimpleShardList``, ``ResampledShards``, ``MultiShardSample``,
 ``DirectoryShardList``) yields ``{"url": ...}`` dicts; a splitter
 (``split_by_node``, ``split_by_worker``) is a plain generator function over
 that stream, used as a pipeline stage without calling it, as in webdataset:
-``DataPipeline(SimpleShardList(spec), split_by_worker, ...)``.
+``DataPipeline(SimpleShardList(spec), split_by_worker, ...)``. As in webdataset,
+the two plain sources expand a string spec with this module's ``expand_urls``,
+and ``ResampledShards`` seeds with ``utils.pytorch_worker_seed``, each as it is
+when the source is made.
 
 This module holds the two plain sources and keeps webdataset's names; the
 rest lives in one module per idea: spec expansion (``wdsmp.shards.urls``), stages
@@ -20,13 +23,13 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Unio
 
 from torch.utils.data import IterableDataset
 
+from . import utils
 from .shards.directory import DirectoryShardList, check_pid_is_running, get_pid_from_filename, without_last_extension
 from .shards.multishard import MSSource, MultiShardSample, default_rng, expand
 from ._internal.seeding import make_seed
 from .shards.stages import non_empty, resampled, resampled_, single_node_only, split_by_node, split_by_worker
 from .shards.urls import envlookup, envsubst, expand_source, expand_urls
 from ._internal.validation import non_negative_int
-from ._internal.workerinfo import pytorch_worker_seed
 
 __all__ = [
     "DirectoryShardList",
@@ -71,7 +74,7 @@ class SimpleShardList(IterableDataset):
 
     def __init__(self, urls: _ShardSpec, seed: Optional[Union[int, float, str, bytes, bytearray]] = None) -> None:
         super().__init__()
-        self.urls = _nonempty(expand_source(urls), urls)
+        self.urls = _nonempty(expand_urls(urls) if isinstance(urls, str) else expand_source(urls), urls)
         self.seed = time.time_ns() if seed is True else seed
 
     def __len__(self) -> int:
@@ -104,12 +107,12 @@ class ResampledShards(IterableDataset):
         non_negative_int(nshards, "nshards")
         if worker_seed is not None and not callable(worker_seed):
             raise TypeError(f"worker_seed must be callable, not {worker_seed!r}")
-        self.urls = expand_source(urls, max_urls)
+        self.urls = expand_urls(urls) if isinstance(urls, str) else expand_source(urls, max_urls)
         if empty_check:
             _nonempty(self.urls, urls)
         self.nshards = nshards
         self.seed = seed
-        self.worker_seed = pytorch_worker_seed if worker_seed is None else worker_seed
+        self.worker_seed = utils.pytorch_worker_seed if worker_seed is None else worker_seed
         self.deterministic = deterministic
         self.epoch = -1
         self._next_epoch: Optional[int] = None

@@ -23,7 +23,7 @@ from ._internal.braces import fnmatch_with_braces, glob_with_braces
 from ._internal.deprecation import ObsoleteException, deprecated, obsolete
 from ._internal.seeding import make_seed
 from ._internal.symbols import lookup_sym, safe_eval
-from ._internal.workerinfo import pytorch_worker_info, pytorch_worker_seed
+from ._internal.workerinfo import pytorch_worker_info
 
 if TYPE_CHECKING:
     import numpy as np
@@ -67,6 +67,14 @@ class PipelineStage:
 
     def invoke(self, *args: Any, **kw: Any) -> Any:
         return self.run(*args, **kw)
+
+
+def pytorch_worker_seed(group: Any = None) -> int:
+    """A seed distinct per node and worker, and the same on every run (webdataset's formula),
+    from this module's ``pytorch_worker_info`` as it is at the call: a replacement assigned
+    there counts here too, as in webdataset."""
+    rank, _, worker, _ = pytorch_worker_info(group=group)
+    return rank * 1000 + worker
 
 
 def identity(x: _T) -> _T:

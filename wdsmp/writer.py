@@ -44,6 +44,7 @@ import time
 from typing import IO, Any, Callable, Dict, List, Literal, Optional, Tuple, TypeVar, Union, cast
 
 from .gopen import abandon, gopen
+from .formats import encoders
 from .formats.encoders import (
     add_handlers,
     bytestr,
@@ -52,7 +53,6 @@ from .formats.encoders import (
     encode_based_on_extension,
     encode_based_on_extension1,
     imageencoder,
-    make_encoder,
     make_handlers,
     mp_dumps,
     numpy_dumps,
@@ -83,6 +83,13 @@ __all__ = [
 
 _W = TypeVar("_W", bound="TarWriter")
 _S = TypeVar("_S", bound="ShardWriter")
+
+
+def make_encoder(spec: Union[bool, None, Dict[str, Callable[[Any], Any]], Callable[..., Any]]) -> Callable[..., Any]:
+    """A sample encoder: ``True`` encodes by extension with this module's ``default_handlers``
+    as it is at the call (as in webdataset, a table assigned there counts), False/None not at
+    all, a dict with those handlers, a callable is the encoder itself."""
+    return encoders.make_encoder(default_handlers if spec is True else spec)
 
 
 def _leaves_cleanly(exn: Optional[BaseException]) -> bool:

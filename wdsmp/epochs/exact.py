@@ -67,7 +67,7 @@ from ..pipeline import CountedSource
 from .spans import SpanReader, locate_samples
 from .stream import stream_samples, stream_start
 from .counts import known_counts
-from ..utils import pytorch_worker_info
+from .. import utils
 
 __all__ = ["ExactSamples"]
 
@@ -187,7 +187,7 @@ class ExactSamples(CountedSource):
 
     def node(self) -> Tuple[int, int]:
         """``(rank, world_size)``: as given, else from torch.distributed or the environment."""
-        rank, world_size, _, _ = pytorch_worker_info()
+        rank, world_size, _, _ = utils.pytorch_worker_info()
         return (rank if self._rank is None else self._rank,
                 world_size if self._world_size is None else self._world_size)
 
@@ -249,7 +249,7 @@ class ExactSamples(CountedSource):
         self.resume = {"epoch": self.epoch, "batches_done": done, "streams": streams}
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
-        _, _, worker, num_workers = pytorch_worker_info()
+        _, _, worker, num_workers = utils.pytorch_worker_info()
         inside = get_worker_info() is not None
         done, nstreams = self.start(num_workers if inside else 0)
         worker, num_workers = (worker, num_workers) if inside else (0, 1)

@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Tuple, Unio
 from .. import handlers
 from ..images.size import loader_pixel_budget
 from .._internal.validation import is_int, positive_int
-from ..utils import pytorch_worker_info
+from .. import utils
 from .pool import START_METHODS
 
 __all__ = ["IMAGE_KEYS", "ORDERS", "DecodeOptions", "LoaderOptions", "default_workers", "positive_range",
@@ -295,7 +295,7 @@ class LoaderOptions:
                                   max_pixels=raw.max_image_pixels)
         image_size = _image_size(raw.image_size)
         shuffle = decode.train if raw.shuffle is None else bool(raw.shuffle)
-        node_rank, node_world = pytorch_worker_info()[:2]
+        node_rank, node_world = utils.pytorch_worker_info()[:2]
         return cls(
             batch_size=positive_int(raw.batch_size, "batch_size"),
             num_workers=default_workers() if raw.num_workers is None else positive_int(raw.num_workers, "num_workers"),

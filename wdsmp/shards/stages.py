@@ -2,7 +2,9 @@
 
 Splitters are plain generator functions over ``{"url": ...}`` dicts, used as
 stages without calling them, as in webdataset:
-``DataPipeline(SimpleShardList(spec), split_by_worker, ...)``.
+``DataPipeline(SimpleShardList(spec), split_by_worker, ...)``. They ask
+``wdsmp.utils.pytorch_worker_info`` as it is when they run, so a replacement
+assigned there decides the shares, as in webdataset.
 """
 
 import random
@@ -10,9 +12,9 @@ import sys
 import warnings
 from typing import Any, Iterable, Iterator, TypeVar
 
+from .. import utils
 from ..stages.base import pipelinefilter
 from .._internal.validation import non_negative_int
-from .._internal.workerinfo import pytorch_worker_info
 
 __all__ = ["non_empty", "resampled", "resampled_", "single_node_only", "split_by_node", "split_by_worker"]
 
@@ -37,7 +39,7 @@ def _split(src: Iterable[_T], index: int, count: int, what: str) -> Iterator[_T]
 
 def split_by_node(src: Iterable[_T], group: Any = None) -> Iterator[_T]:
     """This node's share of the shards: every ``world_size``-th one from ``rank``."""
-    rank, world_size, _, _ = pytorch_worker_info(group=group)
+    rank, world_size, _, _ = utils.pytorch_worker_info(group=group)
     yield from _split(src, rank, world_size, "node")
 
 
@@ -47,13 +49,13 @@ def split_by_worker(src: Iterable[_T]) -> Iterator[_T]:
     Shards are streamed, never collected, so it works on endless resampled
     sources too; a worker left without shards warns once its input ends.
     """
-    _, _, worker, num_workers = pytorch_worker_info()
+    _, _, worker, num_workers = utils.pytorch_worker_info()
     yield from _split(src, worker, num_workers, "worker")
 
 
 def single_node_only(src: Iterable[_T], group: Any = None) -> Iterator[_T]:
     """Pass shards through, refusing to run on several nodes (each would see every shard)."""
-    _, world_size, _, _ = pytorch_worker_info(group=group)
+    _, world_size, _, _ = utils.pytorch_worker_info(group=group)
     if world_size > 1:
         raise ValueError(f"single_node_only: running on {world_size} nodes; add a node "
                          f"splitter (split_by_node) to the pipeline for multi-node training")

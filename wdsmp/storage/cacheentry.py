@@ -289,14 +289,15 @@ class CachedFile(io.FileIO):
 
 
 def fetch(url: str, path: str, lock: EntryLock, *, cache_dir: _Dir, cache_size: Optional[float], validate: _Validate,
-          verbose: bool = False) -> IO[bytes]:
+          verbose: bool = False, opener: Callable[[str], IO[bytes]] = gopen) -> IO[bytes]:
     """``url``'s source, teed into a new temp that becomes the entry ``path`` at its end of
     file (NOTE [cache entry] (tee)); called holding the exclusive lock, which the stream
     then owns. When no temp can be made: the source alone, the lock released, with a
     warning. ``cache_dir`` and ``cache_size``: the directory and the cap to make room in.
-    ``validate(path, url)``: why the complete temp may not become the entry, or None."""
+    ``validate(path, url)``: why the complete temp may not become the entry, or None.
+    ``opener(url)`` opens the source."""
     try:
-        source = gopen(url)
+        source = opener(url)
     except BaseException:
         lock.release()
         raise
