@@ -24,11 +24,7 @@ import pytest
 
 import wdsmp
 from .conftest import write_tar
-
-try:
-    import webdataset
-except ImportError:  # a reference when present, never a requirement
-    webdataset = None
+from .reference import libraries, make_shards, same_with_each
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "webdataset.md"
 
@@ -37,30 +33,6 @@ DOC = Path(__file__).resolve().parents[1] / "docs" / "webdataset.md"
 def single_process(monkeypatch):
     for name in ("RANK", "WORLD_SIZE", "WORKER", "NUM_WORKERS", "WDS_SECURE", "WDS_CACHE", "WDS_CACHE_SIZE"):
         monkeypatch.delenv(name, raising=False)
-
-
-def libraries():
-    """wdsmp, then webdataset when it is installed."""
-    return [wdsmp] if webdataset is None else [wdsmp, webdataset]
-
-
-def same_with_each(user_code):
-    """``user_code(wds)`` with wdsmp, checked equal to what webdataset gives when installed."""
-    results = [user_code(wds) for wds in libraries()]
-    for result in results[1:]:
-        assert result == results[0], "webdataset 1.0.2 gives another result"
-    return results[0]
-
-
-def make_shards(tmp_path, nshards, per_shard):
-    """``s{i}.tar`` holding samples ``s{i}/{j}`` (keys unique across shards) with a ``txt`` and a ``cls``."""
-    urls = []
-    for i in range(nshards):
-        members = []
-        for j in range(per_shard):
-            members += [(f"s{i}/{j}.txt", f"txt {i} {j}".encode()), (f"s{i}/{j}.cls", str(100 * i + j).encode())]
-        urls.append(write_tar(tmp_path / f"s{i}.tar", members))
-    return urls
 
 
 def module(wds, name):
@@ -184,6 +156,11 @@ def test_utils_enforce_security(tmp_path, monkeypatch):
     assert same_with_each(user_code) == ([False] * 3, [True] * 3, [False] * 3)
 
 
+def _resampled_draws(wds, urls, **kw):
+    """The first 20 shards ``ResampledShards`` draws from ``urls`` with a fixed seed."""
+    return [d["url"] for d in islice(iter(wds.ResampledShards(urls, seed=5, deterministic=True, **kw)), 20)]
+
+
 def test_utils_pytorch_worker_info(tmp_path, monkeypatch):
     urls = make_shards(tmp_path, 8, 1)
 
@@ -191,7 +168,7 @@ def test_utils_pytorch_worker_info(tmp_path, monkeypatch):
         U = module(wds, "utils")
 
         def draws(**kw):
-            return [d["url"] for d in islice(iter(wds.ResampledShards(urls, seed=5, deterministic=True, **kw)), 20)]
+            return _resampled_draws(wds, urls, **kw)
 
         unpatched = draws()
         with monkeypatch.context() as m:
@@ -227,7 +204,7 @@ def test_utils_pytorch_worker_seed(tmp_path, monkeypatch):
         U = module(wds, "utils")
 
         def draws(**kw):
-            return [d["url"] for d in islice(iter(wds.ResampledShards(urls, seed=5, deterministic=True, **kw)), 20)]
+            return _resampled_draws(wds, urls, **kw)
 
         unpatched = draws()
         with monkeypatch.context() as m:
