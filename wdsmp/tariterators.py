@@ -283,12 +283,9 @@ def tar_file_expander(data: Iterable[Mapping[str, Any]], handler: Callable[[Exce
         path = source.get("local_path")
         iterate = tar_file_iterator
         try:
-            if iterate is _OWN_ITERATOR:
-                files = iterate(stream, handler=reraise_exception, select_files=select_files,
-                                rename_files=rename_files, url=url, max_member_size=max_member_size)
-            else:
-                files = iterate(stream, handler=reraise_exception, select_files=select_files,
-                                rename_files=rename_files)
+            own: Dict[str, Any] = {"url": url, "max_member_size": max_member_size} if iterate is _OWN_ITERATOR else {}
+            files = iterate(stream, handler=reraise_exception, select_files=select_files, rename_files=rename_files,
+                            **own)
             for member in files:
                 member["__url__"] = url
                 if path is not None:
@@ -457,14 +454,11 @@ def tarfile_samples(src: Iterable[Union[str, Mapping[str, Any]]],
     streams = (url_opener(src, handler=handler) if opener is None
                else url_opener(src, handler=handler, opener=opener))
     expand, group = tar_file_expander, group_by_keys
-    if expand is not _OWN_EXPANDER:
-        members = expand(streams, handler=handler, select_files=select_files, rename_files=rename_files)
-    elif group is not _OWN_GROUPER:
-        members = expand(streams, handler=handler, select_files=select_files, rename_files=rename_files,
-                         eof_value={}, max_member_size=max_member_size)
-    else:
-        members = expand(streams, handler=handler, select_files=select_files, rename_files=rename_files,
-                         boundaries=True, max_member_size=max_member_size)
+    own: Dict[str, Any] = {}
+    if expand is _OWN_EXPANDER:  # shards end in webdataset's {} for a replaced grouper, else in markers
+        ends: Dict[str, Any] = {"eof_value": {}} if group is not _OWN_GROUPER else {"boundaries": True}
+        own = dict(ends, max_member_size=max_member_size)
+    members = expand(streams, handler=handler, select_files=select_files, rename_files=rename_files, **own)
     return group(members, handler=handler)
 
 
